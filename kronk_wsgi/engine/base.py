@@ -1,0 +1,103 @@
+"""The engine interface: what the serving core needs from a C-backed model.
+
+An ``Engine`` is one loaded model file. It tokenizes and hands out ``Slot``s;
+a slot is an independent inference instance with its own KV cache. Each
+object is used by one OS thread at a time: the serving core guarantees it.
+A second backend (say llama-cpp-python) implements these two classes and
+nothing above the engine layer changes.
+"""
+
+import abc
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+
+class EngineError(Exception):
+    """The engine failed: a load or an inference call did not succeed."""
+
+
+class Cancelled(Exception):
+    """Work stopped between two engine calls because the caller asked."""
+
+
+class Slot(abc.ABC):
+    """One inference instance: a KV cache and the tokens it holds."""
+
+    def __init__(self) -> None:
+        self.cached: list[int] = []  # tokens whose keys and values are in the cache
+
+    @abc.abstractmethod
+    def _eval(self, tokens: Sequence[int], n_past: int) -> None:
+        """Evaluate ``tokens`` at positions ``n_past``...; one C call."""
+
+    @abc.abstractmethod
+    def logits(self) -> np.ndarray:
+        """Logits after the last evaluated token (a copy, float32, n_vocab)."""
+
+    @abc.abstractmethod
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for."""
+
+    @abc.abstractmethod
+    def is_eos(self, token: int) -> bool:
+        """Whether ``token`` ends generation."""
+
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        cancelled: Callable[[], bool] = lambda: False,
+        chunk: int = 32,
+    ) -> int:
+        """Evaluate a prompt, reusing the cached prefix; return tokens reused.
+
+        The prompt is evaluated in chunks so that ``cancelled`` is asked
+        between two C calls. At least the last token is evaluated, so logits
+        always belong to this prompt.
+        """
+        keep = 0
+        limit = min(len(tokens) - 1, len(self.cached))
+        while keep < limit and tokens[keep] == self.cached[keep]:
+            keep += 1
+        del self.cached[keep:]
+        for start in range(keep, len(tokens), chunk):
+            if cancelled():
+                raise Cancelled()
+            self.decode(tokens[start : start + chunk])
+        return keep
+
+    def decode(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to the cache and compute the next logits."""
+        n_past = len(self.cached)
+        try:
+            self._eval(tokens, n_past)
+        except Exception:
+            self.cached.clear()  # the cache may hold anything now
+            raise
+        self.cached.extend(tokens)
+
+
+class Engine(abc.ABC):
+    """One loaded model: its vocabulary, its limits, and its slots."""
+
+    name: str
+    context_length: int
+    vocab_size: int
+    bos_token: str
+    eos_token: str
+    chat_template: Optional[str]
+
+    @abc.abstractmethod
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """Text to tokens, never truncated."""
+
+    @abc.abstractmethod
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        """Tokens to the bytes they stand for."""
+
+    @abc.abstractmethod
+    def new_slot(self, threads: int) -> Slot:
+        """A new inference instance running ``threads`` compute threads."""
+
+    def close(self) -> None:
+        """Free what the engine holds outside Python's memory."""

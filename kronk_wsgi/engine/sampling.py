@@ -1,0 +1,80 @@
+"""Choosing the next token from logits, in Python, with a per-request RNG.
+
+ctransformers' C sampler reseeds on every call and divides by zero at
+temperature 0 (ENGINE-FACTS trap 4); sampling here avoids both and gives
+min_p, presence/frequency penalties and logit_bias as well.
+"""
+
+import dataclasses
+import secrets
+from collections import Counter
+from typing import Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens; defaults follow OpenAI's API."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off; llama.cpp style, over the last 64 tokens
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: Optional[int] = None  # None = fresh entropy
+
+
+REPETITION_WINDOW = 64
+
+
+class Sampler:
+    """Samples one request's tokens; owns that request's RNG."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int]) -> None:
+        self.params = params
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        self._rng = np.random.default_rng(seed)
+        self._recent = list(prompt[-REPETITION_WINDOW:])
+        self._counts: Counter[int] = Counter()
+
+    def sample(self, logits: np.ndarray) -> int:
+        """Pick the next token and remember it for the penalties."""
+        p = self.params
+        logits = logits.astype(np.float64)
+        for token, bias in p.logit_bias:
+            logits[token] += bias
+        if p.repetition_penalty != 1.0 and self._recent:
+            seen = np.unique(self._recent)
+            values = logits[seen]
+            logits[seen] = np.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and self._counts:
+            tokens = np.fromiter(self._counts.keys(), dtype=np.int64)
+            counts = np.fromiter(self._counts.values(), dtype=np.float64)
+            logits[tokens] -= p.presence_penalty + p.frequency_penalty * counts
+        token = self._choose(logits)
+        self._recent = (self._recent + [token])[-REPETITION_WINDOW:]
+        self._counts[token] += 1
+        return token
+
+    def _choose(self, logits: np.ndarray) -> int:
+        p = self.params
+        if p.temperature == 0:
+            return int(np.argmax(logits))
+        logits = logits / p.temperature
+        order = np.argsort(-logits, kind="stable")
+        if p.top_k > 0:
+            order = order[: p.top_k]
+        ranked = logits[order]
+        probs = np.exp(ranked - ranked[0])
+        probs /= probs.sum()
+        keep = len(order)
+        if p.top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
+        probs = probs[:keep] / probs[:keep].sum()
+        return int(order[self._rng.choice(keep, p=probs)])

@@ -9,6 +9,7 @@ tracked here so a slot's cache prefix survives between requests.
 
 import ctypes
 import functools
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -22,8 +23,21 @@ from .gguf_file import is_gguf, read_gguf
 
 @functools.lru_cache(maxsize=None)
 def shared_library() -> str:
-    """Path of the best prebuilt library for this CPU, probed once per process."""
-    return find_library(None)
+    """Path of the best prebuilt library for this CPU, chosen once per process.
+
+    On Linux the CPU flags are read from /proc/cpuinfo: ctransformers' own
+    probe starts a subprocess, which cannot run in a worker thread under gevent.
+    """
+    cpuinfo = Path("/proc/cpuinfo")
+    if sys.platform != "linux" or not cpuinfo.is_file():
+        return find_library(None)
+    flags = set()
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            break
+    variant = "avx2" if "avx2" in flags else "avx" if {"avx", "f16c"} <= flags else "basic"
+    return find_library(variant)
 
 
 def _load(path: Path, model_type: Optional[str], context_length: int) -> LLM:

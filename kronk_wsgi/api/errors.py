@@ -1,0 +1,69 @@
+"""API errors: raised anywhere before the commit, rendered in OpenAI's error shape."""
+
+from typing import Optional
+
+from flask import Response, jsonify
+from werkzeug.exceptions import HTTPException
+
+# OpenAI's error types by status.
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "client_closed_request",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+class ApiError(Exception):
+    """A failure with its HTTP status, shown to the client as it is."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: Optional[str] = None,
+        param: Optional[str] = None,
+        headers: Optional[dict[str, str]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        return _TYPES.get(self.status, "server_error")
+
+    @classmethod
+    def from_http(cls, exc: HTTPException) -> "ApiError":
+        """Werkzeug's routing and body errors (404, 405, 413, ...)."""
+        status = exc.code or 500
+        headers = {"Allow": ", ".join(exc.valid_methods)} if getattr(exc, "valid_methods", None) else None
+        codes = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}
+        return cls(status, exc.description or exc.name, code=codes.get(status), headers=headers)
+
+
+def invalid(message: str, param: Optional[str] = None, code: Optional[str] = None) -> ApiError:
+    """A 400 for bad input."""
+    return ApiError(400, message, param=param, code=code)
+
+
+def openai_error_body(error: ApiError) -> dict:
+    return {"error": {"message": error.message, "type": error.type, "code": error.code, "param": error.param}}
+
+
+def openai_error_response(error: ApiError) -> Response:
+    response = jsonify(openai_error_body(error))
+    response.status_code = error.status
+    response.headers.update(error.headers)
+    return response

@@ -1,0 +1,115 @@
+"""POST /v1/chat/completions: OpenAI chat completions, streamed or whole."""
+
+import time
+import uuid
+from typing import Iterator, Optional
+
+from flask import Blueprint, jsonify
+
+from ..serving.events import Failed, Finished, KeepAlive, TextDelta, Usage
+from ..serving.session import Session
+from .errors import ApiError
+from .generation import start_session
+from .schemas import ChatCompletionRequest, parse_body
+from .sse import DONE, KEEPALIVE_COMMENT, event_stream, sse
+
+bp = Blueprint("openai_chat", __name__)
+
+FINGERPRINT = "kronk-wsgi"
+
+
+def usage_body(usage: Usage) -> dict:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def failure_body(event: Failed) -> dict:
+    kind = "timeout" if event.code == "timeout" else "server_error"
+    return {"error": {"message": event.message, "type": kind, "code": event.code, "param": None}}
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    """Generate a chat reply."""
+    body = parse_body(ChatCompletionRequest)
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    session = start_session(
+        body.model,
+        lambda model: model.template.render(messages),
+        max_tokens=body.token_limit,
+        max_tokens_param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+        sampling=lambda model: body.sampling(model.engine.vocab_size),
+        stop=body.stop_sequences(),
+    )
+    completion_id = "chatcmpl-" + uuid.uuid4().hex
+    created = int(time.time())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        response = event_stream(_stream(session, body.model, completion_id, created, include_usage))
+        response.call_on_close(session.close)
+        return response
+    return _whole(session, body.model, completion_id, created)
+
+
+def _chunk(completion_id: str, created: int, model: str, delta: dict, finish: Optional[str], include_usage: bool) -> dict:
+    chunk = {
+        "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "system_fingerprint": FINGERPRINT,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def _stream(session: Session, model: str, completion_id: str, created: int, include_usage: bool) -> Iterator[str]:
+    """The chunks: role first (the commit), then text, finish, usage, [DONE]."""
+    try:
+        yield sse(_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None, include_usage))
+        for event in session:
+            if isinstance(event, TextDelta):
+                yield sse(_chunk(completion_id, created, model, {"content": event.text}, None, include_usage))
+            elif isinstance(event, KeepAlive):
+                yield KEEPALIVE_COMMENT
+            elif isinstance(event, Finished):
+                yield sse(_chunk(completion_id, created, model, {}, event.reason, include_usage))
+                if include_usage:
+                    yield sse({
+                        "id": completion_id, "object": "chat.completion.chunk", "created": created,
+                        "model": model, "system_fingerprint": FINGERPRINT, "choices": [],
+                        "usage": usage_body(event.usage),
+                    })
+                yield DONE
+            elif isinstance(event, Failed):
+                yield sse(failure_body(event))
+    finally:
+        session.close()
+
+
+def _whole(session: Session, model: str, completion_id: str, created: int):
+    """Run the session to its end and answer with one chat.completion object."""
+    text = []
+    try:
+        for event in session:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, Finished):
+                return jsonify({
+                    "id": completion_id, "object": "chat.completion", "created": created, "model": model,
+                    "system_fingerprint": FINGERPRINT,
+                    "choices": [{
+                        "index": 0, "message": {"role": "assistant", "content": "".join(text), "refusal": None},
+                        "logprobs": None, "finish_reason": event.reason,
+                    }],
+                    "usage": usage_body(event.usage),
+                })
+            elif isinstance(event, Failed):
+                status = 504 if event.code == "timeout" else 500
+                raise ApiError(status, event.message, code=event.code)
+    finally:
+        session.close()
+    raise ApiError(499, "client closed the connection")

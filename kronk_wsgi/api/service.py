@@ -1,0 +1,61 @@
+"""Models, health and metrics endpoints."""
+
+import os
+import socket
+
+from flask import Blueprint, Response, jsonify
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .. import __version__
+from .errors import ApiError
+from .state import state
+
+bp = Blueprint("service", __name__)
+
+
+def _model_card(model_id: str) -> dict:
+    pool = state().pool
+    card = {"id": model_id, "object": "model", "owned_by": "kronk_wsgi", "created": 0}
+    if pool.is_loaded(model_id):
+        loaded = pool.get(model_id)
+        card["created"] = loaded.created
+        card["context_length"] = loaded.engine.context_length
+    return card
+
+
+@bp.get("/v1/models")
+def list_models():
+    """The configured models."""
+    return jsonify({"object": "list", "data": [_model_card(m) for m in state().settings.models]})
+
+
+@bp.get("/v1/models/<path:model_id>")
+def get_model(model_id: str):
+    """One configured model."""
+    if model_id not in state().settings.models:
+        raise ApiError(404, f"the model {model_id!r} does not exist", code="model_not_found", param="model")
+    return jsonify(_model_card(model_id))
+
+
+@bp.get("/v1/liveness")
+def liveness():
+    """The worker answers."""
+    return jsonify({"status": "ok", "version": __version__, "host": socket.gethostname(), "pid": os.getpid()})
+
+
+@bp.get("/v1/readiness")
+def readiness():
+    """503 until the default model is loaded."""
+    kronk = state()
+    default = kronk.settings.default_model
+    if kronk.pool.is_loaded(default):
+        return jsonify({"status": "ready", "default_model": default})
+    error = kronk.pool.load_errors.get(default)
+    body = {"status": "failed" if error else "loading", "default_model": default, "error": error}
+    return jsonify(body), 503
+
+
+@bp.get("/metrics")
+def metrics():
+    """Prometheus metrics of this worker."""
+    return Response(generate_latest(state().metrics.registry), mimetype=CONTENT_TYPE_LATEST)

@@ -1,0 +1,60 @@
+"""The app factory and the Flask extension that embeds kronk_wsgi in any app."""
+
+from typing import Any, Mapping, Optional
+
+import gevent
+import structlog
+from flask import Flask
+
+from .api import hooks, openai_chat, service
+from .api.state import KronkState
+from .config import FIELDS, Settings, config_key, read_config, settings_from_config
+from .logs import configure_logging
+from .metrics import Metrics
+from .serving.pool import ModelPool, ModelUnavailable
+
+log = structlog.get_logger("kronk_wsgi.app")
+
+
+class Kronk:
+    """Registers kronk_wsgi's API on a Flask app: ``Kronk(app)`` or ``Kronk().init_app(app)``.
+
+    Reads the KRONK_* keys of app.config (see the README's configuration
+    table); state lives in ``app.extensions["kronk"]``, so several apps per
+    process each get their own models.
+    """
+
+    def __init__(self, app: Optional[Flask] = None) -> None:
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        for name in FIELDS:
+            field = Settings.model_fields[name]
+            app.config.setdefault(config_key(name), field.get_default(call_default_factory=True))
+        settings = settings_from_config(app.config)
+        metrics = Metrics()
+        pool = ModelPool(settings, metrics)
+        app.extensions["kronk"] = KronkState(settings, pool, metrics)
+        for blueprint in (service.bp, openai_chat.bp):
+            app.register_blueprint(blueprint)
+        hooks.install(app)
+        gevent.spawn(_warm_up, pool, settings.default_model)
+
+
+def _warm_up(pool: ModelPool, model_id: str) -> None:
+    """Load the default model when the worker starts, not on the first request."""
+    try:
+        pool.get(model_id)
+    except ModelUnavailable:
+        pass  # logged by the pool; readiness reports it
+
+
+def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:
+    """The standalone app: settings from the TOML file and KRONK_* variables, then ``config``."""
+    configure_logging()
+    app = Flask("kronk_wsgi")
+    app.config.update(read_config())
+    app.config.update(config or {})
+    Kronk(app)
+    return app

@@ -1,0 +1,155 @@
+"""Settings: defaults < TOML file < KRONK_* environment variables < flags.
+
+Every setting has one name. In the environment and in Flask's app.config it is
+``KRONK_<NAME>``; in the TOML file it is ``<name>`` in lower case, with models
+as tables (``[models.<id>]``).
+"""
+
+import json
+import os
+import tomllib
+from typing import Any, Mapping, Optional
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+DEMO_MODEL_ID = "kronk-demo"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message says which key and why."""
+
+
+class ModelSpec(BaseModel):
+    """One served model: where its file comes from and how to run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Optional[str] = None  # a local model file
+    repo_id: Optional[str] = None  # or a file in a Hugging Face hub repository
+    filename: Optional[str] = None
+    revision: Optional[str] = None
+    demo: Optional[str] = None  # or a generated demo model of this size ("tiny", "medium")
+    context_length: Optional[int] = Field(None, ge=16)  # default: the file's own
+    model_type: Optional[str] = None  # for legacy GGML files (gpt2, mpt, ...)
+    chat_template: Optional[str] = None  # a built-in name or Jinja text; default: the file's
+    engine: str = "ctransformers"  # or "package.module:EngineClass"
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        sources = [self.path is not None, self.repo_id is not None, self.demo is not None]
+        if sum(sources) != 1:
+            raise ValueError("give exactly one of path, repo_id (+ filename) or demo")
+        if self.repo_id is not None and not self.filename:
+            raise ValueError("repo_id needs a filename")
+        return self
+
+
+class Settings(BaseModel):
+    """The validated settings of one app."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="tiny")})
+    default_model: Optional[str] = None  # default: the only model, or the demo model
+    parallel: int = Field(1, ge=1)  # slots per model
+    threads: Optional[int] = Field(None, ge=1)  # ggml threads per slot; default: cores / (workers x parallel)
+    workers: int = Field(1, ge=1)  # gunicorn worker processes
+    queue_depth: int = Field(2, ge=1)  # admission places per slot
+    admission_timeout: float = Field(180.0, gt=0)
+    keepalive_interval: float = Field(15.0, gt=0)
+    request_timeout: float = Field(3600.0, gt=0)
+    api_keys: list[str] = Field(default_factory=list)  # empty: no auth
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    bind: str = "127.0.0.1:8000"
+
+    @pydantic.field_validator("models", mode="before")
+    @classmethod
+    def _parse_models(cls, value: Any) -> Any:
+        """From the environment: JSON, or ``id=path[,id=path...]``."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("{"):
+            return json.loads(value)
+        models = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            model_id, sep, path = item.partition("=")
+            if not sep or not model_id or not path:
+                raise ValueError(f"expected id=path, got {item!r}")
+            models[model_id.strip()] = {"path": path.strip()}
+        return models
+
+    @pydantic.field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _check_default(self) -> "Settings":
+        if not self.models:
+            raise ValueError("models: at least one model is needed")
+        if self.default_model is None:
+            self.default_model = next(iter(self.models)) if len(self.models) == 1 else None
+        if self.default_model not in self.models:
+            raise ValueError(f"default_model {self.default_model!r} is not one of the models {sorted(self.models)}")
+        return self
+
+    @property
+    def effective_threads(self) -> int:
+        """ggml threads per slot: the setting, else the cores shared evenly."""
+        if self.threads is not None:
+            return self.threads
+        return max(1, (os.cpu_count() or 1) // (self.workers * self.parallel))
+
+    def check_cores(self) -> None:
+        """Refuse oversubscription: spinning ggml threads beyond the cores are 100x slower."""
+        cores = os.cpu_count() or 1
+        used = self.workers * self.parallel * self.effective_threads
+        if used > cores:
+            raise ConfigError(
+                f"workers ({self.workers}) x parallel ({self.parallel}) x threads ({self.effective_threads})"
+                f" = {used} compute threads, but this machine has {cores} cores;"
+                " lower KRONK_WORKERS, KRONK_PARALLEL or KRONK_THREADS"
+            )
+
+
+FIELDS = tuple(Settings.model_fields)
+
+
+def config_key(name: str) -> str:
+    """The app.config / environment name of a setting."""
+    return "KRONK_" + name.upper()
+
+
+def read_config(
+    config_file: Optional[str] = None,
+    environ: Mapping[str, str] = os.environ,
+    flags: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
+    """Raw KRONK_* values from the TOML file, the environment and flags, in that order."""
+    raw: dict[str, Any] = {}
+    config_file = config_file or environ.get("KRONK_CONFIG")
+    if config_file:
+        try:
+            with open(config_file, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {config_file}: {exc}") from None
+        unknown = set(data) - set(FIELDS)
+        if unknown:
+            raise ConfigError(f"config file {config_file}: unknown keys {sorted(unknown)}")
+        raw.update({config_key(k): v for k, v in data.items()})
+    raw.update({config_key(k): environ[config_key(k)] for k in FIELDS if config_key(k) in environ})
+    raw.update({config_key(k): v for k, v in (flags or {}).items() if v is not None})
+    return raw
+
+
+def settings_from_config(config: Mapping[str, Any]) -> Settings:
+    """Validate the KRONK_* keys of a Flask config (or any mapping)."""
+    values = {name: config[config_key(name)] for name in FIELDS if config.get(config_key(name)) is not None}
+    try:
+        return Settings(**values)
+    except (pydantic.ValidationError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"invalid kronk_wsgi configuration: {exc}") from None

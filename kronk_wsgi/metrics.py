@@ -1,0 +1,37 @@
+"""Prometheus metrics of one app, in a registry of its own (several apps per process work)."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
+_TOKEN_GAP = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+
+
+class Metrics:
+    """Every metric kronk_wsgi records."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "kronk_requests", "Requests by route, model, status and outcome.",
+            ["route", "model", "status", "outcome"], registry=r,
+        )
+        self.request_duration = Histogram(
+            "kronk_request_duration_seconds", "Request time until the response closed.",
+            ["route"], buckets=_LATENCY, registry=r,
+        )
+        self.time_to_first_token = Histogram(
+            "kronk_time_to_first_token_seconds", "From request start to the first generated text.",
+            ["model"], buckets=_LATENCY, registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "kronk_inter_token_latency_seconds", "Gap between two generated tokens.",
+            ["model"], buckets=_TOKEN_GAP, registry=r,
+        )
+        self.tokens = Counter("kronk_tokens", "Tokens processed.", ["model", "kind"], registry=r)
+        self.queue_wait = Histogram(
+            "kronk_queue_wait_seconds", "Wait for an admission place and a slot.",
+            ["model"], buckets=_LATENCY, registry=r,
+        )
+        self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r)
+        self.rejected = Counter("kronk_rejected", "Requests refused with 429 after the admission wait.", ["model"], registry=r)

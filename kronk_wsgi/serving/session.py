@@ -1,0 +1,237 @@
+"""One admitted generation as a stream of neutral events.
+
+The decode loop runs in the model's worker thread and hands text over without
+waiting; the greenlet waits on that hand-over, the keep-alive timer, the
+deadline and the client's socket, whichever comes first.
+"""
+
+import dataclasses
+import time
+from typing import Callable, Iterator, Optional
+
+import gevent.queue
+import structlog
+
+from ..engine.base import Cancelled, Slot
+from ..engine.generate import Generation
+from ..engine.sampling import SamplingParams
+from ..metrics import Metrics
+from .channel import ThreadChannel
+from .events import KEEPALIVE, Event, Failed, Finished, TextDelta, Usage
+from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
+
+log = structlog.get_logger("kronk_wsgi.session")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate, after validation and prompt preparation."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class GenerationStats:
+    """How a generation went: read by request logging and metrics."""
+
+    outcome: str = ""  # ok, error, timeout, client_gone
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    queue_wait: Optional[float] = None
+    time_to_first_token: Optional[float] = None
+
+
+class _Cancel:
+    """A flag set by the greenlet and read by the worker thread (a plain attribute: no locks)."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def __call__(self) -> bool:
+        return self.set
+
+
+def _drive(generation: Generation, channel: ThreadChannel) -> None:
+    """Worker thread: run the decode loop, handing each piece to the channel."""
+    try:
+        for text in generation:
+            channel.put((time.monotonic(), TextDelta(text)))
+        usage = Usage(len(generation.prompt), generation.completion_tokens, generation.cached_tokens)
+        channel.put((time.monotonic(), Finished(generation.finish_reason, usage)))
+    except Cancelled:
+        pass
+    except Exception as exc:  # the engine's failure becomes an in-band event
+        channel.put((time.monotonic(), exc))
+
+
+class Session:
+    """Generate one request on a model, as neutral events (KeepAlive included).
+
+    Holds the admission ``lease``; the lease and the slot are given back when
+    the worker thread is done with the slot, however the stream ends. Iterate
+    it once; ``close()`` it in every case (a session never iterated still
+    holds its lease).
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        lease: Lease,
+        request: GenerationRequest,
+        *,
+        started: float,
+        deadline: float,
+        keepalive: float,
+        client_gone: Callable[[], bool],
+        metrics: Metrics,
+    ) -> None:
+        self.model = model
+        self.lease = lease
+        self.request = request
+        self.started = started
+        self.deadline = deadline
+        self.keepalive = keepalive
+        self.client_gone = client_gone
+        self.metrics = metrics
+        self.stats = GenerationStats(prompt_tokens=len(request.prompt))
+        self._events: Optional[Iterator[Event]] = None
+
+    def __iter__(self) -> Iterator[Event]:
+        self._events = self._run()
+        return self._events
+
+    def close(self) -> None:
+        """Stop generating and give everything back; safe to call more than once."""
+        if self._events is None:
+            self._events = iter(())
+            self.stats.outcome = self.stats.outcome or "client_gone"
+            self.lease.release()
+        else:
+            self._events.close()
+
+    def _run(self) -> Iterator[Event]:
+        cancel = _Cancel()
+        slot: Optional[Slot] = None
+        job = None
+        channel: Optional[ThreadChannel] = None
+        generation: Optional[Generation] = None
+        try:
+            slot = yield from self._wait_for_slot()
+            if slot is None:
+                return
+            self.stats.queue_wait = time.monotonic() - self.started
+            self.metrics.queue_wait.labels(self.model.id).observe(self.stats.queue_wait)
+            channel = ThreadChannel()
+            generation = Generation(
+                slot, self.request.prompt, max_tokens=self.request.max_tokens,
+                context_length=self.model.engine.context_length, sampling=self.request.sampling,
+                stop=self.request.stop, cancelled=cancel,
+            )
+            job = self.model.threads.spawn(_drive, generation, channel)
+            self.metrics.active_streams.labels(self.model.id).inc()
+            job.rawlink(lambda _: self._release(slot))
+            yield from self._relay(channel, cancel)
+        finally:
+            cancel.set = True
+            if generation is not None:  # a plain int the worker thread writes: read it, no lock needed
+                self.stats.completion_tokens = generation.completion_tokens
+            if not self.stats.outcome:
+                self.stats.outcome = "client_gone"
+            if job is None:
+                self._release(slot, started=False)
+            if channel is not None:
+                channel.close()
+
+    def _release(self, slot: Optional[Slot], started: bool = True) -> None:
+        if started:
+            self.metrics.active_streams.labels(self.model.id).dec()
+        if slot is not None:
+            self.model.free_slots.put(slot)
+        self.lease.release()
+
+    def _wait_for_slot(self) -> Iterator[Event]:
+        """Wait for a free slot, keeping the stream alive; None if the wait ended."""
+        quiet_since = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if self._expired(now):
+                yield self._timeout()
+                return None
+            if self.client_gone():
+                self.stats.outcome = "client_gone"
+                return None
+            if now - quiet_since >= self.keepalive:
+                yield KEEPALIVE
+                quiet_since = now
+            wait = min(CLIENT_POLL_SECONDS, self.deadline - now, self.keepalive - (now - quiet_since))
+            try:
+                return self.model.free_slots.get(timeout=max(wait, 0))
+            except gevent.queue.Empty:
+                continue
+
+    def _relay(self, channel: ThreadChannel, cancel: _Cancel) -> Iterator[Event]:
+        """Pass the worker's events on, with keep-alives, deadline and disconnect checks."""
+        labels = self.model.id
+        itl = self.metrics.inter_token_latency.labels(labels)
+        quiet_since = checked = time.monotonic()
+        last_token: Optional[float] = None
+        while True:
+            now = time.monotonic()
+            wait = min(checked + CLIENT_POLL_SECONDS, quiet_since + self.keepalive, self.deadline) - now
+            items = channel.take_all(max(wait, 0))
+            now = time.monotonic()
+            text = []
+            for produced, item in items:
+                if isinstance(item, TextDelta):
+                    if last_token is None:
+                        self.stats.time_to_first_token = produced - self.started
+                        self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
+                    else:
+                        itl.observe(produced - last_token)
+                    last_token = produced
+                    text.append(item.text)
+                    continue
+                if text:
+                    yield TextDelta("".join(text))
+                    text = []
+                yield self._finish(item)
+                return
+            if text:
+                yield TextDelta("".join(text))
+                quiet_since = now
+            if self._expired(now):
+                cancel.set = True
+                yield self._timeout()
+                return
+            if now - checked >= CLIENT_POLL_SECONDS:
+                checked = now
+                if self.client_gone():
+                    self.stats.outcome = "client_gone"
+                    return
+            if now - quiet_since >= self.keepalive:
+                yield KEEPALIVE
+                quiet_since = now
+
+    def _expired(self, now: float) -> bool:
+        return now >= self.deadline
+
+    def _timeout(self) -> Failed:
+        self.stats.outcome = "timeout"
+        return Failed("timeout", "the request ran past the request timeout")
+
+    def _finish(self, item: object) -> Event:
+        """The terminal event: Finished, or Failed for an engine exception."""
+        if isinstance(item, Finished):
+            self.stats.outcome = "ok"
+            self.stats.cached_tokens = item.usage.cached_tokens
+            tokens = self.metrics.tokens
+            tokens.labels(self.model.id, "prompt").inc(item.usage.prompt_tokens)
+            tokens.labels(self.model.id, "completion").inc(item.usage.completion_tokens)
+            return item
+        self.stats.outcome = "error"
+        log.error("engine failed during generation", model=self.model.id, exc_info=item)
+        return Failed("engine_error", "the model failed while generating; the response is incomplete")

@@ -77,6 +77,8 @@ class CTransformersSlot(Slot):
 class CTransformersEngine(Engine):
     """A model file loaded through ctransformers."""
 
+    slot_class = CTransformersSlot
+
     def __init__(self, name: str, path: Path, context_length: Optional[int] = None, model_type: Optional[str] = None):
         self.name = name
         self._path = path
@@ -104,4 +106,4 @@ class CTransformersEngine(Engine):
         return b"".join(self._tokenizer.ctransformers_llm_detokenize(t) or b"" for t in tokens)
 
     def new_slot(self, threads: int) -> CTransformersSlot:
-        return CTransformersSlot(_load(self._path, self._model_type, self.context_length), threads)
+        return self.slot_class(_load(self._path, self._model_type, self.context_length), threads)

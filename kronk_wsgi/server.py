@@ -1,0 +1,52 @@
+"""Running under gunicorn with the gevent worker: hooks and the embedded application."""
+
+import os
+import sys
+from typing import Any, Mapping, Optional
+
+from gunicorn.app.base import BaseApplication
+
+from .config import ConfigError, config_key, read_config, settings_from_config
+
+# Settings both `kronk-wsgi serve` and conf/gunicorn.conf.py use.
+GUNICORN_DEFAULTS = {
+    "worker_class": "gevent",
+    "worker_connections": 1000,
+    "timeout": 30,  # gevent: fires only when the loop is blocked; engine calls never block it
+    "graceful_timeout": 30,
+    "keepalive": 5,
+    "preload_app": False,  # gevent patches after fork: every worker builds its own app
+}
+
+
+def on_starting(server) -> None:
+    """Validate the configuration in the master before any worker starts."""
+    os.environ[config_key("workers")] = str(server.cfg.workers)
+    try:
+        settings = settings_from_config(read_config())
+        settings.check_cores()
+    except ConfigError as exc:
+        sys.stderr.write(f"kronk-wsgi: {exc}\n")
+        sys.exit(2)
+    server.log.info(
+        "kronk_wsgi: %d worker(s) x %d slot(s) x %d thread(s); default model %s",
+        settings.workers, settings.parallel, settings.effective_threads, settings.default_model,
+    )
+
+
+class KronkApplication(BaseApplication):
+    """gunicorn's own application API: `kronk-wsgi serve` runs this."""
+
+    def __init__(self, options: Mapping[str, Any], app_config: Optional[Mapping[str, Any]] = None) -> None:
+        self.options = {**GUNICORN_DEFAULTS, "on_starting": on_starting, **options}
+        self.app_config = dict(app_config or {})
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        from .app import create_app
+
+        return create_app(self.app_config)

@@ -1,0 +1,158 @@
+"""Chat completions through real gunicorn + gevent on the tiny real model."""
+
+import openai
+import pytest
+import requests
+
+from .support.rawhttp import RawStream, data_of
+
+HELLO = [{"role": "user", "content": "Hello there"}]
+
+
+def stream_frames(server, body):
+    raw = RawStream(server.host, server.port, "/v1/chat/completions", body)
+    try:
+        return raw, [frame for _, frame in raw.frames()]
+    finally:
+        raw.close()
+
+
+def test_stream_framing_and_order(server):
+    raw, frames = stream_frames(server, {"model": "tiny", "messages": HELLO, "max_tokens": 12, "stream": True, "seed": 1})
+    assert raw.status == 200
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.headers["cache-control"] == "no-cache"
+    assert raw.headers["x-accel-buffering"] == "no"
+    assert raw.headers["x-request-id"]
+    assert frames[-1] == "data: [DONE]"
+    chunks = [data_of(f) for f in frames[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len({c["id"] for c in chunks}) == 1
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "tiny" for c in chunks)
+    assert "usage" not in chunks[0]  # only with stream_options.include_usage
+    middle = chunks[1:-1]
+    assert middle and all(c["choices"][0]["finish_reason"] is None for c in middle)
+    assert all("content" in c["choices"][0]["delta"] for c in middle)
+    last = chunks[-1]["choices"][0]
+    assert last["delta"] == {} and last["finish_reason"] in ("stop", "length")
+
+
+def test_stream_include_usage(server):
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 6, "stream": True,
+            "stream_options": {"include_usage": True}, "logit_bias": {"2": -100}}
+    _, frames = stream_frames(server, body)
+    chunks = [data_of(f) for f in frames[:-1]]
+    assert all(c["usage"] is None for c in chunks[:-1])
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == []
+    usage = usage_chunk["usage"]
+    assert usage["completion_tokens"] == 6
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 6
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_whole_response(server):
+    response = server.post("/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 5, "logit_bias": {"2": -100}})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"]
+    assert choice["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 5
+
+
+def test_request_id_is_echoed(server):
+    response = server.post("/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 1},
+                           headers={"X-Request-ID": "abc-123"})
+    assert response.headers["X-Request-ID"] == "abc-123"
+    assert '"request_id": "abc-123"' in server.logs()
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_client_create(client):
+    completion = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=7, logit_bias={"2": -100})
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 7
+    assert completion.choices[0].message.content
+
+
+def test_openai_client_stream(client):
+    stream = client.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=7, stream=True, seed=5,
+        stream_options={"include_usage": True}, logit_bias={"2": -100},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage.completion_tokens == 7
+    whole = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=7, seed=5, logit_bias={"2": -100})
+    assert whole.choices[0].message.content == text
+
+
+def test_openai_client_errors(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="nope", messages=HELLO)
+    assert err.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=100000)
+
+
+def test_seeds(server):
+    def text(**extra):
+        body = {"model": "tiny", "messages": HELLO, "max_tokens": 20, "logit_bias": {"2": -100}, **extra}
+        return server.post("/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+
+    assert text(seed=42) == text(seed=42)
+    assert text(seed=42) != text(seed=43)
+    assert text(temperature=0) == text(temperature=0, seed=7)
+
+
+def test_stop_sequence(server):
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 30, "seed": 9, "logit_bias": {"2": -100}}
+    full = server.post("/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+    stop = full[10:13]
+    cut = full[: full.index(stop)]
+    stopped = server.post("/v1/chat/completions", {**body, "stop": [stop, "never-seen"]}).json()
+    assert stopped["choices"][0]["message"]["content"] == cut
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    _, frames = stream_frames(server, {**body, "stop": stop, "stream": True})
+    chunks = [data_of(f) for f in frames[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == cut
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_context_overflow_is_400(server):
+    response = server.post("/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 2048})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "max_tokens"
+    long = [{"role": "user", "content": "word " * 3000}]
+    response = server.post("/v1/chat/completions", {"model": "tiny", "messages": long})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_models_and_health(server):
+    models = requests.get(server.url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert requests.get(server.url + "/v1/models/tiny").json()["context_length"] == 2048
+    missing = requests.get(server.url + "/v1/models/other")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    live = requests.get(server.url + "/v1/liveness").json()
+    assert live["status"] == "ok" and live["pid"] > 0 and live["version"]
+    assert requests.get(server.url + "/v1/readiness").json()["status"] == "ready"
+
+
+def test_metrics_count_outcomes(server):
+    server.post("/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 2})
+    text = requests.get(server.url + "/metrics").text
+    assert 'kronk_requests_total{model="tiny",outcome="ok",route="/v1/chat/completions",status="200"}' in text
+    assert "kronk_time_to_first_token_seconds_count" in text
+    assert 'kronk_tokens_total{kind="completion",model="tiny"}' in text

@@ -114,7 +114,8 @@ def parse_body(schema: Type[M]) -> M:
     try:
         return schema.model_validate(data)
     except pydantic.ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
+        # The deepest error: for a union (str or list of parts) the branch that got furthest.
+        error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
         param = _param(error["loc"])
         if error["type"] == "extra_forbidden":
             raise invalid(f"unrecognized request argument supplied: {param}", param=param) from None

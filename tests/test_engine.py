@@ -1,0 +1,155 @@
+"""The engine layer on the real tiny model: tokenizer traps, prefix reuse, sampling, stops."""
+
+import numpy as np
+import pytest
+
+from kronk_wsgi.engine.base import Cancelled
+from kronk_wsgi.engine.chat_template import ChatTemplate, ChatTemplateError
+from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine
+from kronk_wsgi.engine.demo_model import write_demo_model
+from kronk_wsgi.engine.generate import Generation, StopScanner
+from kronk_wsgi.engine.gguf_file import BadModelFile, read_gguf
+from kronk_wsgi.engine.sampling import Sampler, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    return CTransformersEngine("tiny", tiny_model)
+
+
+def test_demo_model_is_deterministic(tmp_path, tiny_model):
+    again = write_demo_model(tmp_path / "again.gguf", "tiny")
+    assert again.read_bytes() == tiny_model.read_bytes()
+    info = read_gguf(tiny_model)
+    assert info.architecture == "llama" and info.context_length == 2048
+    assert info.chat_template and info.bos_token == "<s>" and info.eos_token == "</s>"
+
+
+def test_truncated_file_is_refused(tmp_path, tiny_model):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_model.read_bytes()[: tiny_model.stat().st_size // 2])
+    with pytest.raises(BadModelFile):
+        read_gguf(cut)
+
+
+def test_tokenize_never_truncates(engine):
+    # Byte-fallback tokens outnumber characters: ctransformers' own tokenize overflows here.
+    text = "😀🎉 世界 ÿ"
+    tokens = engine.tokenize(text)
+    assert len(tokens) > len(text) + 1
+    assert engine.detokenize(tokens).decode("utf-8").strip() == text
+
+
+def test_context_length_is_the_files(engine):
+    assert engine.context_length == 2048
+
+
+def test_prefix_is_reused_between_prompts(engine):
+    slot = engine.new_slot(1)
+    first = engine.tokenize("The model server streams tokens to many clients")
+    second = engine.tokenize("The model server streams tokens to many clients and more")
+    assert slot.prefill(first) == 0
+    reused = slot.prefill(second)
+    assert reused == len(first)
+    logits_reused = slot.logits()
+    other = engine.new_slot(1)
+    other.prefill(second)
+    logits_fresh = other.logits()
+    np.testing.assert_array_equal(logits_reused, logits_fresh)
+
+
+def test_prefill_is_cancellable_between_chunks(engine):
+    slot = engine.new_slot(1)
+    calls = []
+    with pytest.raises(Cancelled):
+        slot.prefill(engine.tokenize("word " * 100), cancelled=lambda: calls.append(1) or len(calls) > 2, chunk=8)
+    assert len(slot.cached) == 16  # two chunks in, then stopped
+
+
+def generate(engine, slot, **kwargs):
+    prompt = engine.tokenize("Hello")
+    params = dict(max_tokens=20, context_length=engine.context_length, sampling=SamplingParams(seed=1))
+    params.update(kwargs)
+    generation = Generation(slot, prompt, **params)
+    return "".join(generation), generation
+
+
+def test_seeded_generation_repeats_across_slots(engine):
+    a, _ = generate(engine, engine.new_slot(1))
+    b, _ = generate(engine, engine.new_slot(1))
+    c, _ = generate(engine, engine.new_slot(1), sampling=SamplingParams(seed=2))
+    assert a == b and a != c
+
+
+def test_length_at_the_context_window(engine, tiny_model):
+    small = CTransformersEngine("small", tiny_model, context_length=64)
+    slot = small.new_slot(1)
+    bias = ((2, -100.0),)
+    text, generation = generate(small, slot, max_tokens=1000, context_length=64, sampling=SamplingParams(seed=1, logit_bias=bias))
+    assert generation.finish_reason == "length"
+    assert len(slot.cached) == 64  # filled, never past the window
+    assert generation.completion_tokens == 64 - len(small.tokenize("Hello")) + 1
+
+
+def test_stop_scanner_holds_back_partial_matches():
+    scanner = StopScanner(["END", "xyz"])
+    assert scanner.feed("hello E") == ("hello ", False)
+    assert scanner.feed("N") == ("", False)
+    assert scanner.feed("X") == ("ENX", False)
+    assert scanner.feed("abc xy") == ("abc ", False)
+    assert scanner.feed("zzz") == ("", True)
+    assert StopScanner([]).feed("all") == ("all", False)
+
+
+def test_utf8_is_never_split(engine, monkeypatch):
+    slot = engine.new_slot(1)
+    emoji = engine.tokenize("😀", add_bos=False)
+    byte_tokens = [t for t in emoji if len(slot.token_bytes(t)) == 1 and slot.token_bytes(t)[0] >= 0x80]
+    assert len(byte_tokens) == 4  # the emoji is four byte tokens
+    forced = iter(byte_tokens)
+    monkeypatch.setattr(Sampler, "sample", lambda self, logits: next(forced))
+    generation = Generation(
+        slot, engine.tokenize("Hello"), max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0)
+    )
+    assert list(generation) == ["😀"]  # one delta: no half characters on the way
+
+
+def test_sampler_greedy_and_filters():
+    logits = np.array([0.0, 5.0, 4.9, -3.0], dtype=np.float32)
+    assert Sampler(SamplingParams(temperature=0), []).sample(logits) == 1
+    top1 = Sampler(SamplingParams(top_k=1, seed=3), [])
+    assert {top1.sample(logits) for _ in range(20)} == {1}
+    min_p = Sampler(SamplingParams(min_p=0.5, seed=3), [])
+    assert {min_p.sample(logits) for _ in range(50)} <= {1, 2}
+    top_p = Sampler(SamplingParams(top_p=0.4, seed=3), [])
+    assert {top_p.sample(logits) for _ in range(20)} == {1}
+    biased = Sampler(SamplingParams(temperature=0, logit_bias=((3, 100.0),)), [])
+    assert biased.sample(logits) == 3
+
+
+def test_sampler_penalties():
+    logits = np.array([1.0, 1.0, 0.0], dtype=np.float32)
+    presence = Sampler(SamplingParams(temperature=0, presence_penalty=2.0), [])
+    assert [presence.sample(logits) for _ in range(2)] == [0, 1]
+    repetition = Sampler(SamplingParams(temperature=0, repetition_penalty=5.0), [0])
+    assert repetition.sample(logits) == 1
+
+
+def test_samplers_do_not_share_randomness():
+    logits = np.zeros(1000, dtype=np.float32)
+    a = [Sampler(SamplingParams(), []).sample(logits) for _ in range(5)]
+    assert len(set(a)) > 1  # unseeded requests draw fresh entropy each
+
+
+def test_chat_template_sandbox_and_errors():
+    template = ChatTemplate.for_model(None, None, "<s>", "</s>")
+    text = template.render([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    evil = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ChatTemplateError):
+        evil.render([{"role": "user", "content": "x"}])
+    strict = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}")
+    with pytest.raises(ChatTemplateError, match="first must be user"):
+        strict.render([{"role": "assistant", "content": "x"}])
+    llama2 = ChatTemplate.for_model("llama2", "ignored", "<s>", "</s>")
+    assert llama2.render([{"role": "user", "content": "hi"}]) == "[INST] hi [/INST]"

@@ -1,0 +1,147 @@
+"""kronk_wsgi benchmark: the engine alone vs the same work through gunicorn + SSE.
+
+    python bench/run.py [--tokens 400] [--size medium]
+
+Everything is measured side by side in one run on the same generated model
+(~55 MB "medium" demo model), because these machines are noisy: read the ratios.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine  # noqa: E402
+from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
+from kronk_wsgi.engine.generate import Generation  # noqa: E402
+from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
+from tests.conftest import run_server  # noqa: E402
+
+NO_EOS = {"2": -100}
+PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
+
+
+def engine_alone(path: Path, tokens: int) -> dict:
+    """Tokens/s of the decode loop and the prefill time, no server involved."""
+    engine = CTransformersEngine("bench", path)
+    prompt = engine.tokenize(engine_prompt(engine))
+    slot = engine.new_slot(1)
+    started = time.perf_counter()
+    slot.prefill(prompt)
+    prefill = time.perf_counter() - started
+    generation = Generation(
+        engine.new_slot(1), prompt, max_tokens=tokens, context_length=engine.context_length,
+        sampling=SamplingParams(seed=1, logit_bias=((2, -100.0),)),
+    )
+    started = time.perf_counter()
+    first = None
+    for _ in generation:
+        first = first or time.perf_counter()
+    elapsed = time.perf_counter() - first
+    return {"prompt_tokens": len(prompt), "prefill_s": prefill,
+            "tokens_per_s": (generation.completion_tokens - 1) / elapsed, "first_token_s": first - started}
+
+
+def engine_prompt(engine) -> str:
+    from kronk_wsgi.engine.chat_template import ChatTemplate
+
+    template = ChatTemplate.for_model(None, engine.chat_template, engine.bos_token, engine.eos_token)
+    return template.render([{"role": "user", "content": PROMPT}])
+
+
+def one_stream(url: str, tokens: int, prompt: str = PROMPT) -> dict:
+    """One SSE stream: time to first content, then tokens/s from the first content chunk to the end."""
+    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+            "stream": True, "seed": 1, "logit_bias": NO_EOS, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first = None
+    usage = None
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as response:
+        for line in response.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content") and first is None:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return {"ttft_s": first - started, "tokens_per_s": (usage["completion_tokens"] - 1) / (end - first),
+            "completion_tokens": usage["completion_tokens"], "seconds": end - started}
+
+
+def streams_with_liveness(url: str, tokens: int, streams: int) -> dict:
+    """``streams`` concurrent streams; /v1/liveness polled back to back meanwhile."""
+    results: list = [None] * streams
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, one_stream(url, tokens))) for i in range(streams)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    latencies = []
+    session = requests.Session()
+    while any(t.is_alive() for t in threads):
+        t0 = time.perf_counter()
+        session.get(url + "/v1/liveness", timeout=10)
+        latencies.append(time.perf_counter() - t0)
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    latencies.sort()
+    total = sum(r["completion_tokens"] for r in results)
+    return {"aggregate_tokens_per_s": total / wall, "liveness_p50_ms": 1000 * statistics.median(latencies),
+            "liveness_p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+            "liveness_samples": len(latencies)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--size", default="medium", choices=["tiny", "medium"])
+    args = parser.parse_args()
+    path = ensure_demo_model(args.size)
+    print(f"model {path} ({path.stat().st_size / 1e6:.0f} MB), {os.cpu_count()} cores, {args.tokens} tokens per stream")
+    results = {}
+    workdir = ROOT / "bench" / "results"
+    workdir.mkdir(parents=True, exist_ok=True)
+    results["engine"] = engine_alone(path, args.tokens)
+    env = {"KRONK_MODELS": f"bench={path}", "KRONK_THREADS": "1"}
+    with run_server(workdir, {**env, "KRONK_PARALLEL": "1"}) as server:
+        one_stream(server.url, 20, "warm up")  # a different prompt: the measured one finds no cached prefix
+        results["server_1_stream"] = one_stream(server.url, args.tokens)
+    with run_server(workdir, {**env, "KRONK_PARALLEL": "2"}) as server:
+        one_stream(server.url, 20, "warm up")
+        results["parallel2_1_stream"] = streams_with_liveness(server.url, args.tokens, 1)
+        results["parallel2_2_streams"] = streams_with_liveness(server.url, args.tokens, 2)
+    (workdir / "latest.json").write_text(json.dumps(results, indent=2))
+
+    e, s = results["engine"], results["server_1_stream"]
+    one, two = results["parallel2_1_stream"], results["parallel2_2_streams"]
+    rows = [
+        ("engine alone, tokens/s", f"{e['tokens_per_s']:.0f}"),
+        ("one SSE stream through gunicorn, tokens/s", f"{s['tokens_per_s']:.0f}"),
+        ("server / engine rate (goal >= 0.95)", f"{s['tokens_per_s'] / e['tokens_per_s']:.3f}"),
+        (f"raw prefill of {e['prompt_tokens']} tokens + first token, ms", f"{1000 * e['first_token_s']:.1f}"),
+        ("time to first token through the server, ms", f"{1000 * s['ttft_s']:.1f}"),
+        ("liveness p50 / p99 during 2 streams, ms (goal p99 <= 50)",
+         f"{two['liveness_p50_ms']:.1f} / {two['liveness_p99_ms']:.1f}"),
+        ("PARALLEL=2 THREADS=1: 1 stream, aggregate tokens/s", f"{one['aggregate_tokens_per_s']:.0f}"),
+        ("PARALLEL=2 THREADS=1: 2 streams, aggregate tokens/s", f"{two['aggregate_tokens_per_s']:.0f}"),
+        ("2 streams / 1 stream", f"{two['aggregate_tokens_per_s'] / one['aggregate_tokens_per_s']:.2f}x"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,10 @@
 """Configuration layers, the embedded demo model, embedding in a host app, hub cache, startup checks."""
 
+import os
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import gevent
 import pytest
@@ -12,7 +15,7 @@ from kronk_wsgi import Kronk
 from kronk_wsgi.catalog import model_file
 from kronk_wsgi.config import ConfigError, ModelSpec, read_config, settings_from_config
 
-from .conftest import ROOT, run_server
+from .conftest import ROOT, free_port, run_server
 
 
 def test_config_layers(tmp_path):
@@ -132,3 +135,51 @@ def test_hub_model_from_local_cache(tmp_path, tiny_model, monkeypatch):
 
     with pytest.raises(EngineError, match="cannot get"):
         model_file(ModelSpec(repo_id="kronk/absent", filename="x.gguf"))
+
+
+def test_concurrent_first_requests_load_once(tmp_path, tiny_model):
+    env = {"KRONK_MODELS": f"a={tiny_model},b={tiny_model}", "KRONK_DEFAULT_MODEL": "a", "KRONK_QUEUE_DEPTH": 4}
+    with run_server(tmp_path, env) as server:
+        assert "context_length" not in requests.get(server.url + "/v1/models/b", timeout=10).json()  # not loaded yet
+        body = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        with ThreadPoolExecutor(4) as pool:
+            statuses = list(pool.map(lambda _: server.post("/v1/chat/completions", body).status_code, range(4)))
+        assert statuses == [200] * 4
+        loads = [line for line in server.logs().splitlines() if '"model loaded"' in line and '"model": "b"' in line]
+        assert len(loads) == 1
+
+
+def test_readiness_reports_a_default_model_that_cannot_load(tmp_path):
+    app = Flask("broken")
+    app.config["KRONK_MODELS"] = {"gone": {"path": str(tmp_path / "missing.gguf")}}
+    Kronk(app)
+    gevent.sleep(0.1)
+    response = app.test_client().get("/v1/readiness")
+    assert response.status_code == 503
+    assert response.json["status"] == "failed" and "not found" in response.json["error"]
+    chat = app.test_client().post("/v1/chat/completions", json={"model": "gone", "messages": [{"role": "user", "content": "x"}]})
+    assert chat.status_code == 503 and chat.json["error"]["code"] == "model_unavailable"
+
+
+def test_gunicorn_config_file(tmp_path, tiny_model):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KRONK_MODELS": f"tiny={tiny_model}", "KRONK_THREADS": "1",
+           "KRONK_BIND": f"127.0.0.1:{port}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "conf" / "gunicorn.conf.py"), "kronk_wsgi:create_app()"],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/v1/readiness", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        live = requests.get(f"http://127.0.0.1:{port}/v1/liveness", timeout=5).json()
+        assert live["status"] == "ok" and live["pid"] != proc.pid  # answered by a worker
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert "Using worker: gevent" in err

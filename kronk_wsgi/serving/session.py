@@ -6,8 +6,9 @@ deadline and the client's socket, whichever comes first.
 """
 
 import dataclasses
+import inspect
 import time
-from typing import Callable, Iterator, Optional
+from typing import Callable, Generator, Iterator, Optional
 
 import gevent.queue
 import structlog
@@ -98,7 +99,7 @@ class Session:
         self.client_gone = client_gone
         self.metrics = metrics
         self.stats = GenerationStats(prompt_tokens=len(request.prompt))
-        self._events: Optional[Iterator[Event]] = None
+        self._events: Optional[Generator[Event, None, None]] = None
 
     def __iter__(self) -> Iterator[Event]:
         self._events = self._run()
@@ -106,8 +107,8 @@ class Session:
 
     def close(self) -> None:
         """Stop generating and give everything back; safe to call more than once."""
-        if self._events is None:
-            self._events = iter(())
+        if self._events is None or inspect.getgeneratorstate(self._events) == inspect.GEN_CREATED:
+            # Never started (closing it would skip its finally): only the lease is held.
             self.stats.outcome = self.stats.outcome or "client_gone"
             self.lease.release()
         else:

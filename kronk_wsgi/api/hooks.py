@@ -9,7 +9,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from .errors import ApiError, openai_error_response
-from .state import RequestRecord, record, state
+from .state import RequestRecord, state
 
 log = structlog.get_logger("kronk_wsgi.http")
 

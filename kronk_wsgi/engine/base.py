@@ -98,6 +98,3 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def new_slot(self, threads: int) -> Slot:
         """A new inference instance running ``threads`` compute threads."""
-
-    def close(self) -> None:
-        """Free what the engine holds outside Python's memory."""

@@ -87,7 +87,6 @@ class CTransformersEngine(Engine):
         self.chat_template = info.chat_template if info else None
         self.bos_token = info.bos_token if info else "<s>"
         self.eos_token = info.eos_token if info else "</s>"
-        self.metadata = info.metadata if info else {}
         file_context = info.context_length if info else None
         self.context_length = int(context_length or file_context or 2048)
         # This instance only tokenizes: it never evaluates, so it needs no real cache.

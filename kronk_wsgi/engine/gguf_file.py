@@ -25,7 +25,6 @@ class GGUFInfo:
     chat_template: Optional[str]
     bos_token: str
     eos_token: str
-    metadata: dict[str, Any]
 
 
 def is_gguf(path: Path) -> bool:
@@ -59,7 +58,6 @@ def read_gguf(path: Path) -> GGUFInfo:
         if end > size:
             raise BadModelFile(f"{path.name}: truncated (tensor {tensor.name} ends past the file)")
     fields = {name: _value(field) for name, field in reader.fields.items()}
-    meta = {k: v for k, v in fields.items() if not k.startswith(("tokenizer.ggml.", "GGUF."))}
     arch = fields.get("general.architecture") or "unknown"
     tokens = fields.get("tokenizer.ggml.tokens") or []
 
@@ -73,5 +71,4 @@ def read_gguf(path: Path) -> GGUFInfo:
         chat_template=fields.get("tokenizer.chat_template"),
         bos_token=token("tokenizer.ggml.bos_token_id", "<s>"),
         eos_token=token("tokenizer.ggml.eos_token_id", "</s>"),
-        metadata=meta,
     )

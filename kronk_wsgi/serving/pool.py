@@ -1,7 +1,7 @@
 """Loaded models, their slots and worker threads, and admission to them."""
 
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import gevent
 import gevent.event
@@ -78,9 +78,6 @@ class LoadedModel:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.apply(self.engine.tokenize, (text,))
 
-    def detokenize(self, tokens: list[int]) -> bytes:
-        return self.tokenizer.apply(self.engine.detokenize, (tokens,))
-
     def admit(self, timeout: float, client_gone: Callable[[], bool]) -> Lease:
         """Wait up to ``timeout`` seconds for a place; Overloaded or ClientGone otherwise."""
         start = time.monotonic()
@@ -92,11 +89,6 @@ class LoadedModel:
                 return Lease(self._places)
             if client_gone():
                 raise ClientGone()
-
-    def close(self) -> None:
-        self.threads.kill()
-        self.tokenizer.kill()
-        self.engine.close()
 
 
 class ModelPool:
@@ -151,11 +143,3 @@ class ModelPool:
         engine = load_engine(model_id, spec)
         template = ChatTemplate.for_model(spec.chat_template, engine.chat_template, engine.bos_token, engine.eos_token)
         return engine, template, [engine.new_slot(self.settings.effective_threads) for _ in range(self.settings.parallel)]
-
-    def loaded(self) -> list[LoadedModel]:
-        return list(self._loaded.values())
-
-    def close(self) -> None:
-        for model in self._loaded.values():
-            model.close()
-        self._loaded.clear()

@@ -134,7 +134,7 @@ class Session:
             )
             job = self.model.threads.spawn(_drive, generation, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
-            job.rawlink(lambda _: self._release(slot))
+            job.rawlink(lambda _: self._job_done(slot, channel))
             yield from self._relay(channel, cancel)
         finally:
             cancel.set = True
@@ -143,13 +143,15 @@ class Session:
             if not self.stats.outcome:
                 self.stats.outcome = "client_gone"
             if job is None:
-                self._release(slot, started=False)
-            if channel is not None:
-                channel.close()
+                self._release(slot)
 
-    def _release(self, slot: Optional[Slot], started: bool = True) -> None:
-        if started:
-            self.metrics.active_streams.labels(self.model.id).dec()
+    def _job_done(self, slot: Slot, channel: ThreadChannel) -> None:
+        """The worker thread let go of the slot: only now may the channel close and the slot be reused."""
+        channel.close()
+        self.metrics.active_streams.labels(self.model.id).dec()
+        self._release(slot)
+
+    def _release(self, slot: Optional[Slot]) -> None:
         if slot is not None:
             self.model.free_slots.put(slot)
         self.lease.release()

@@ -20,6 +20,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kronk_wsgi.engine.chat_template import ChatTemplate  # noqa: E402
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine  # noqa: E402
 from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import Generation  # noqa: E402
@@ -52,8 +53,6 @@ def engine_alone(path: Path, tokens: int) -> dict:
 
 
 def engine_prompt(engine) -> str:
-    from kronk_wsgi.engine.chat_template import ChatTemplate
-
     template = ChatTemplate.for_model(None, engine.chat_template, engine.bos_token, engine.eos_token)
     return template.render([{"role": "user", "content": PROMPT}])
 

@@ -58,6 +58,11 @@ def invalid(message: str, param: Optional[str] = None, code: Optional[str] = Non
     return ApiError(400, message, param=param, code=code)
 
 
+def model_not_found(model_id: str) -> ApiError:
+    """A 404 for a model id that is not configured."""
+    return ApiError(404, f"the model {model_id!r} does not exist", code="model_not_found", param="model")
+
+
 def openai_error_body(error: ApiError) -> dict:
     return {"error": {"message": error.message, "type": error.type, "code": error.code, "param": error.param}}
 

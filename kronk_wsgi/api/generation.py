@@ -15,7 +15,7 @@ from ..engine.chat_template import ChatTemplateError
 from ..engine.sampling import SamplingParams
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
 from ..serving.session import GenerationRequest, Session
-from .errors import ApiError, invalid
+from .errors import ApiError, invalid, model_not_found
 from .state import record, state
 
 
@@ -45,7 +45,7 @@ def get_model(model_id: str) -> LoadedModel:
     try:
         return state().pool.get(model_id)
     except UnknownModel:
-        raise ApiError(404, f"the model {model_id!r} does not exist", code="model_not_found", param="model") from None
+        raise model_not_found(model_id) from None
     except ModelUnavailable as exc:
         raise ApiError(503, str(exc), code="model_unavailable") from None
 

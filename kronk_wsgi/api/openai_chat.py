@@ -78,11 +78,8 @@ def _stream(session: Session, model: str, completion_id: str, created: int, incl
             elif isinstance(event, Finished):
                 yield sse(_chunk(completion_id, created, model, {}, event.reason, include_usage))
                 if include_usage:
-                    yield sse({
-                        "id": completion_id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "system_fingerprint": FINGERPRINT, "choices": [],
-                        "usage": usage_body(event.usage),
-                    })
+                    final = _chunk(completion_id, created, model, {}, None, include_usage)
+                    yield sse({**final, "choices": [], "usage": usage_body(event.usage)})
                 yield DONE
             elif isinstance(event, Failed):
                 yield sse(failure_body(event))

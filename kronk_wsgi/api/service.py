@@ -7,7 +7,7 @@ from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import __version__
-from .errors import ApiError
+from .errors import model_not_found
 from .state import state
 
 bp = Blueprint("service", __name__)
@@ -33,7 +33,7 @@ def list_models():
 def get_model(model_id: str):
     """One configured model."""
     if model_id not in state().settings.models:
-        raise ApiError(404, f"the model {model_id!r} does not exist", code="model_not_found", param="model")
+        raise model_not_found(model_id)
     return jsonify(_model_card(model_id))
 
 

@@ -20,7 +20,7 @@ JSON_CASES = [
     ({"messages": OK_MESSAGES}, 400, None, "model"),
     ({"model": "tiny"}, 400, None, "messages"),
     (body(messages=[]), 400, None, "messages"),
-    (body(messages=[{"role": "user"}]), 400, None, "messages[0].content"),
+    (body(messages=[{"role": "user"}]), 400, None, "messages[0]"),
     (body(messages=[{"role": "wizard", "content": "x"}]), 400, None, "messages[0].role"),
     (body(messages=[{"role": "user", "content": 5}]), 400, None, "messages[0].content"),
     (body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400, None, "messages[0].content[0].type"),

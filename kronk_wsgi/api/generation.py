@@ -14,7 +14,8 @@ from flask import request
 from ..engine.chat_template import ChatTemplateError
 from ..engine.sampling import SamplingParams
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
-from ..serving.session import GenerationRequest, Session
+from ..serving.session import EmbeddingJob, GenerationJob, Job, Session
+from ..serving.tool_calls import forced_opening, syntax_of
 from .errors import ApiError, invalid, model_not_found
 from .state import record, state
 
@@ -50,16 +51,85 @@ def get_model(model_id: str) -> LoadedModel:
         raise ApiError(503, str(exc), code="model_unavailable") from None
 
 
-def start_session(
+def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[dict]]) -> str:
+    """Prompt text from the model's chat template; 400 if the template cannot take these messages or tools."""
+    if tools and not model.template.supports_tools:
+        raise invalid(f"the chat template of model {model.id!r} does not support tools", param="tools")
+    try:
+        return model.template.render(messages, tools=tools or None)
+    except ChatTemplateError as exc:
+        raise invalid(str(exc), param="messages") from None
+
+
+def start_generation(
     model_id: str,
-    render: Callable[[LoadedModel], str],
     *,
+    messages: Optional[list[dict]] = None,
+    text: Optional[str] = None,
+    prompt_param: str,
+    tools: Optional[list[dict]] = None,
+    tool_choice: str = "auto",
+    tool_name: Optional[str] = None,
     max_tokens: Optional[int],
     max_tokens_param: str,
     sampling: Callable[[LoadedModel], SamplingParams],
     stop: tuple[str, ...],
 ) -> Session:
-    """Look up, admit and prepare one generation; return its not yet started session."""
+    """Admit and prepare one generation; return its not yet started session.
+
+    The prompt is chat ``messages`` rendered by the model's template, or raw
+    ``text``. With ``tools``, tool calls are parsed out of the reply unless
+    ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
+    reply inside a tool call.
+    """
+    if tool_name is not None and tool_name not in {t["function"]["name"] for t in tools or ()}:
+        raise invalid(f"tool_choice names {tool_name!r}, which is not among the tools", param="tool_choice")
+
+    def job(model: LoadedModel) -> GenerationJob:
+        params = sampling(model)
+        prompt = text if messages is None else render_chat(model, messages, tools)
+        syntax = syntax_of(model.template.source) if tools and tool_choice != "none" else None
+        reply_start = ""
+        if syntax is not None and (tool_choice == "required" or tool_name is not None):
+            reply_start = forced_opening(syntax, tool_name)
+        tokens = model.tokenize(prompt + reply_start)
+        context = model.engine.context_length
+        if len(tokens) + (max_tokens or 1) > context:
+            raise invalid(
+                f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens"
+                + (f" and {max_tokens_param} asks for {max_tokens} more" if max_tokens else ""),
+                param=max_tokens_param if max_tokens else prompt_param,
+                code="context_length_exceeded",
+            )
+        return GenerationJob(
+            tokens, max_tokens=max_tokens or context - len(tokens), sampling=params, stop=stop,
+            tool_syntax=syntax, reply_start=reply_start,
+        )
+
+    return _start(model_id, job)
+
+
+def start_embedding(model_id: str, inputs: list[str], param: str) -> Session:
+    """Admit and prepare the embedding of ``inputs``; return its not yet started session."""
+
+    def job(model: LoadedModel) -> EmbeddingJob:
+        context = model.engine.context_length
+        token_lists = []
+        for index, text in enumerate(inputs):
+            tokens = model.tokenize(text)
+            if len(tokens) > context:
+                raise invalid(
+                    f"input {index} has {len(tokens)} tokens; this model's context is {context}",
+                    param=param, code="context_length_exceeded",
+                )
+            token_lists.append(tokens)
+        return EmbeddingJob(token_lists)
+
+    return _start(model_id, job)
+
+
+def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:
+    """Look up the model, take an admission place, prepare the job: the shared path before the commit."""
     kronk = state()
     settings = kronk.settings
     rec = record()
@@ -75,28 +145,12 @@ def start_session(
         rec.outcome = "client_gone"
         raise ApiError(499, "client closed the connection while waiting for admission") from None
     try:
-        params = sampling(model)
-        try:
-            text = render(model)
-        except ChatTemplateError as exc:
-            raise invalid(str(exc), param="messages") from None
-        prompt = model.tokenize(text)
-        context = model.engine.context_length
-        if len(prompt) + (max_tokens or 1) > context:
-            raise invalid(
-                f"this model's context is {context} tokens; the prompt has {len(prompt)} tokens"
-                + (f" and {max_tokens_param} asks for {max_tokens} more" if max_tokens else ""),
-                param=max_tokens_param if max_tokens else "messages",
-                code="context_length_exceeded",
-            )
+        job = prepare(model)
     except BaseException:
         lease.release()
         raise
-    generation = GenerationRequest(
-        prompt=prompt, max_tokens=max_tokens or context - len(prompt), sampling=params, stop=stop,
-    )
     session = Session(
-        model, lease, generation, started=rec.started, deadline=deadline,
+        model, lease, job, started=rec.started, deadline=deadline,
         keepalive=settings.keepalive_interval, client_gone=gone, metrics=kronk.metrics,
     )
     rec.stats = session.stats

@@ -6,10 +6,10 @@ from typing import Iterator, Optional
 
 from flask import Blueprint, jsonify
 
-from ..serving.events import Failed, Finished, KeepAlive, TextDelta, Usage
+from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall, Usage
 from ..serving.session import Session
 from .errors import ApiError
-from .generation import start_session
+from .generation import start_generation
 from .schemas import ChatCompletionRequest, parse_body
 from .sse import DONE, KEEPALIVE_COMMENT, event_stream, sse
 
@@ -32,14 +32,25 @@ def failure_body(event: Failed) -> dict:
     return {"error": {"message": event.message, "type": kind, "code": event.code, "param": None}}
 
 
+def tool_choice_of(choice) -> tuple[str, Optional[str]]:
+    """OpenAI's tool_choice as (mode, forced function name)."""
+    if choice is None or isinstance(choice, str):
+        return choice or "auto", None
+    return "required", choice.function.name
+
+
 @bp.post("/v1/chat/completions")
 def chat_completions():
     """Generate a chat reply."""
     body = parse_body(ChatCompletionRequest)
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    session = start_session(
+    tool_choice, tool_name = tool_choice_of(body.tool_choice)
+    session = start_generation(
         body.model,
-        lambda model: model.template.render(messages),
+        messages=[m.for_template() for m in body.messages],
+        prompt_param="messages",
+        tools=body.template_tools(),
+        tool_choice=tool_choice,
+        tool_name=tool_name,
         max_tokens=body.token_limit,
         max_tokens_param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
         sampling=lambda model: body.sampling(model.engine.vocab_size),
@@ -66,17 +77,33 @@ def _chunk(completion_id: str, created: int, model: str, delta: dict, finish: Op
     return chunk
 
 
+def _tool_call(call: ToolCall, index: int) -> dict:
+    return {"index": index, "id": "call_" + call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
 def _stream(session: Session, model: str, completion_id: str, created: int, include_usage: bool) -> Iterator[str]:
-    """The chunks: role first (the commit), then text, finish, usage, [DONE]."""
+    """The chunks: role first (the commit), then text and tool calls, finish, usage, [DONE]."""
+
+    def chunk(delta: dict, finish: Optional[str] = None) -> str:
+        return sse(_chunk(completion_id, created, model, delta, finish, include_usage))
+
+    calls = 0
     try:
-        yield sse(_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None, include_usage))
+        yield chunk({"role": "assistant", "content": ""})
         for event in session:
             if isinstance(event, TextDelta):
-                yield sse(_chunk(completion_id, created, model, {"content": event.text}, None, include_usage))
+                yield chunk({"content": event.text})
+            elif isinstance(event, ToolCall):
+                # The call's head, then its arguments: clients accumulate the deltas by index.
+                head = _tool_call(event, calls)
+                yield chunk({"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]})
+                yield chunk({"tool_calls": [{"index": calls, "function": {"arguments": event.arguments}}]})
+                calls += 1
             elif isinstance(event, KeepAlive):
                 yield KEEPALIVE_COMMENT
             elif isinstance(event, Finished):
-                yield sse(_chunk(completion_id, created, model, {}, event.reason, include_usage))
+                yield chunk({}, event.reason)
                 if include_usage:
                     final = _chunk(completion_id, created, model, {}, None, include_usage)
                     yield sse({**final, "choices": [], "usage": usage_body(event.usage)})
@@ -89,19 +116,21 @@ def _stream(session: Session, model: str, completion_id: str, created: int, incl
 
 def _whole(session: Session, model: str, completion_id: str, created: int):
     """Run the session to its end and answer with one chat.completion object."""
-    text = []
+    text, calls = [], []
     try:
         for event in session:
             if isinstance(event, TextDelta):
                 text.append(event.text)
+            elif isinstance(event, ToolCall):
+                calls.append(_tool_call(event, len(calls)))
             elif isinstance(event, Finished):
+                message = {"role": "assistant", "content": "".join(text) if text or not calls else None, "refusal": None}
+                if calls:
+                    message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
                 return jsonify({
                     "id": completion_id, "object": "chat.completion", "created": created, "model": model,
                     "system_fingerprint": FINGERPRINT,
-                    "choices": [{
-                        "index": 0, "message": {"role": "assistant", "content": "".join(text), "refusal": None},
-                        "logprobs": None, "finish_reason": event.reason,
-                    }],
+                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": event.reason}],
                     "usage": usage_body(event.usage),
                 })
             elif isinstance(event, Failed):

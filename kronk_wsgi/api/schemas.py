@@ -1,6 +1,7 @@
 """Request bodies, validated strictly: wrong types and unknown fields are 400s, never guesses."""
 
-from typing import Annotated, Literal, Optional, Type, TypeVar, Union
+import json
+from typing import Annotated, Any, Literal, Optional, Type, TypeVar, Union
 
 import pydantic
 from flask import request
@@ -21,13 +22,98 @@ class TextPart(Strict):
     text: str
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+def json_object(text: str, what: str) -> dict[str, Any]:
+    """A JSON object given as text (tool-call arguments); ValueError otherwise."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{what} must be a JSON object, given as a string") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, given as a string")
+    return value
+
+
+def template_tool(name: str, description: Optional[str], parameters: Optional[dict]) -> dict:
+    """A tool as chat templates take it (the Hugging Face convention)."""
+    function: dict[str, Any] = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def template_tool_call(call_id: str, name: str, arguments: dict) -> dict:
+    """A past tool call as chat templates take it: arguments as an object, not text."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+class FunctionDefinition(Strict):
+    name: FunctionName
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[Literal[False]] = None  # schema-enforced arguments need constrained decoding: not offered
+
+
+class ChatTool(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionCall(Strict):
+    name: FunctionName
+    arguments: str
+
+
+class ChatToolCall(Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ChatToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.tool_call_id is None) != (self.role != "tool"):
+            raise ValueError("tool messages, and only they, need tool_call_id")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required, except on assistant messages with tool_calls")
+        for call in self.tool_calls or ():
+            json_object(call.function.arguments, "tool_calls[].function.arguments")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                template_tool_call(c.id, c.function.name, json.loads(c.function.arguments)) for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class NamedFunction(Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(Strict):
@@ -71,6 +157,9 @@ class SamplingFields(Strict):
 class ChatCompletionRequest(SamplingFields):
     model: str
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: Optional[list[ChatTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: Optional[bool] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     max_tokens: Optional[Annotated[int, Field(ge=1)]] = None
@@ -82,7 +171,14 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("stream_options is only allowed when stream is true")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ValueError("give max_tokens or max_completion_tokens, not both")
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools")
         return self
+
+    def template_tools(self) -> Optional[list[dict]]:
+        if not self.tools:
+            return None
+        return [template_tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools]
 
     @property
     def token_limit(self) -> Optional[int]:
@@ -122,4 +218,5 @@ def parse_body(schema: Type[M]) -> M:
         if error["type"] == "missing":
             raise invalid(f"missing required parameter: {param}", param=param) from None
         where = f"{param}: " if param else ""
-        raise invalid(f"{where}{error['msg']}", param=param) from None
+        message = error["msg"].removeprefix("Value error, ")
+        raise invalid(f"{where}{message}", param=param) from None

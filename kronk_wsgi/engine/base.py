@@ -36,6 +36,10 @@ class Slot(abc.ABC):
         """Logits after the last evaluated token (a copy, float32, n_vocab)."""
 
     @abc.abstractmethod
+    def embedding(self) -> np.ndarray:
+        """The model's final hidden state for the last evaluated token (a copy, float32)."""
+
+    @abc.abstractmethod
     def token_bytes(self, token: int) -> bytes:
         """The bytes one token stands for."""
 

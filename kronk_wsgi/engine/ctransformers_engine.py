@@ -67,6 +67,12 @@ class CTransformersSlot(Slot):
         data = self._llm.ctransformers_llm_logits_data()
         return np.ctypeslib.as_array(data, shape=(self._n_vocab,)).copy()
 
+    def embedding(self) -> np.ndarray:
+        size = self._llm.ctransformers_llm_embeddings_size()
+        if size <= 0:
+            raise EngineError("this model does not give embeddings")
+        return np.ctypeslib.as_array(self._llm.ctransformers_llm_embeddings_data(), shape=(size,)).copy()
+
     def token_bytes(self, token: int) -> bytes:
         return self._llm.ctransformers_llm_detokenize(token) or b""
 

@@ -5,7 +5,7 @@ yields text deltas and leaves counts and the finish reason on itself.
 """
 
 import codecs
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from .base import Cancelled, Slot
 from .sampling import Sampler, SamplingParams
@@ -17,6 +17,7 @@ class StopScanner:
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = [s for s in stops if s]
         self._pending = ""
+        self.matched: Optional[str] = None  # the stop sequence that was reached
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop sequence was reached)."""
@@ -24,9 +25,10 @@ class StopScanner:
         if not self._stops:
             out, self._pending = self._pending, ""
             return out, False
-        hits = [i for i in (self._pending.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, stop) for stop in self._stops if (i := self._pending.find(stop)) >= 0]
         if hits:
-            out, self._pending = self._pending[: min(hits)], ""
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            out, self._pending = self._pending[:at], ""
             return out, True
         hold = 0
         for stop in self._stops:
@@ -48,8 +50,9 @@ class Generation:
     """One request's generation on one slot; iterate it for text deltas.
 
     After iteration ``finish_reason`` is "stop" (EOS or a stop sequence) or
-    "length" (max_tokens or the context window), and ``completion_tokens``
-    counts the sampled tokens. ``Cancelled`` propagates when ``cancelled()``
+    "length" (max_tokens or the context window), ``stop_sequence`` is the stop
+    sequence that ended it, if one did, and ``completion_tokens`` counts the
+    sampled tokens. ``Cancelled`` propagates when ``cancelled()``
     turns true between two engine calls.
     """
 
@@ -74,6 +77,7 @@ class Generation:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish_reason = ""
+        self.stop_sequence: Optional[str] = None
 
     def __iter__(self) -> Iterator[str]:
         slot = self.slot
@@ -92,6 +96,7 @@ class Generation:
                 yield text
             if stopped:
                 self.finish_reason = "stop"
+                self.stop_sequence = stops.matched
                 return
             if self.completion_tokens >= self.max_tokens or len(slot.cached) >= self.context_length:
                 self.finish_reason = "length"
@@ -100,6 +105,9 @@ class Generation:
                 raise Cancelled()
             slot.decode([token])
         tail, stopped = stops.feed(decoder.decode(b"", final=True))
-        tail = tail if stopped else tail + stops.flush()
+        if stopped:
+            self.finish_reason, self.stop_sequence = "stop", stops.matched
+        else:
+            tail += stops.flush()
         if tail:
             yield tail

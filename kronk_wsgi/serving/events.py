@@ -1,6 +1,9 @@
 """The neutral stream of generation events that every protocol encodes."""
 
 import dataclasses
+from typing import Optional
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,16 +27,37 @@ class TextDelta:
 
 
 @dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """A complete tool call parsed out of the generated text; ``arguments`` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Embedding:
+    """The embedding vector of the ``index``-th input."""
+
+    index: int
+    vector: np.ndarray  # float32
+
+
+@dataclasses.dataclass(frozen=True)
 class KeepAlive:
     """Nothing was sent for a keep-alive interval."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Finished:
-    """Generation ended normally: reason is "stop" or "length"."""
+    """Generation ended normally: reason is "stop", "length" or "tool_calls".
+
+    ``stop_sequence`` is the request's stop sequence that ended it, if one did.
+    """
 
     reason: str
     usage: Usage
+    stop_sequence: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,5 +68,5 @@ class Failed:
     message: str
 
 
-Event = TextDelta | KeepAlive | Finished | Failed
+Event = TextDelta | ToolCall | Embedding | KeepAlive | Finished | Failed
 KEEPALIVE = KeepAlive()

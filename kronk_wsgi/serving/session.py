@@ -1,4 +1,4 @@
-"""One admitted generation as a stream of neutral events.
+"""One admitted job (a generation or embeddings) as a stream of neutral events.
 
 The decode loop runs in the model's worker thread and hands text over without
 waiting; the greenlet waits on that hand-over, the keep-alive timer, the
@@ -8,9 +8,10 @@ deadline and the client's socket, whichever comes first.
 import dataclasses
 import inspect
 import time
-from typing import Callable, Generator, Iterator, Optional
+from typing import Callable, Generator, Iterator, Optional, Protocol
 
 import gevent.queue
+import numpy as np
 import structlog
 
 from ..engine.base import Cancelled, Slot
@@ -18,20 +19,93 @@ from ..engine.generate import Generation
 from ..engine.sampling import SamplingParams
 from ..metrics import Metrics
 from .channel import ThreadChannel
-from .events import KEEPALIVE, Event, Failed, Finished, TextDelta, Usage
+from .events import KEEPALIVE, Embedding, Event, Failed, Finished, TextDelta, ToolCall, Usage
 from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
+from .tool_calls import ToolCallParser, ToolCallSyntax
 
 log = structlog.get_logger("kronk_wsgi.session")
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerationRequest:
-    """What to generate, after validation and prompt preparation."""
+class Job(Protocol):
+    """Work for one slot, run in the slot's worker thread as a stream of events ending in Finished."""
 
-    prompt: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    stop: tuple[str, ...] = ()
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]: ...
+
+
+class GenerationJob:
+    """Generate text for one prompt; with a tool-call syntax, tool calls are parsed out of it.
+
+    ``reply_start`` is text at the end of the prompt that belongs to the reply
+    (the opening of a forced tool call): the parser reads it first.
+    """
+
+    def __init__(
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: tuple[str, ...] = (),
+        tool_syntax: Optional[ToolCallSyntax] = None,
+        reply_start: str = "",
+    ) -> None:
+        self.prompt = prompt
+        self.prompt_tokens = len(prompt)
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.stop = stop
+        self.tool_syntax = tool_syntax
+        self.reply_start = reply_start
+        self._generation: Optional[Generation] = None
+
+    @property
+    def completion_tokens(self) -> int:
+        # A plain int the worker thread writes: reading it needs no lock.
+        return self._generation.completion_tokens if self._generation else 0
+
+    def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
+        generation = self._generation = Generation(
+            slot, self.prompt, max_tokens=self.max_tokens, context_length=context_length,
+            sampling=self.sampling, stop=self.stop, cancelled=cancelled,
+        )
+        parser = ToolCallParser(self.tool_syntax) if self.tool_syntax else None
+        if parser is not None:
+            yield from parser.feed(self.reply_start)
+        for text in generation:
+            if parser is None:
+                yield TextDelta(text)
+            else:
+                yield from parser.feed(text)
+        reason = generation.finish_reason
+        if parser is not None:
+            yield from parser.flush()
+            if parser.calls and reason == "stop" and generation.stop_sequence is None:
+                reason = "tool_calls"
+        usage = Usage(self.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
+        yield Finished(reason, usage, generation.stop_sequence)
+
+
+class EmbeddingJob:
+    """Embed each input: the final hidden state of its last token, scaled to unit length."""
+
+    completion_tokens = 0
+
+    def __init__(self, inputs: list[list[int]]) -> None:
+        self.inputs = inputs
+        self.prompt_tokens = sum(len(tokens) for tokens in inputs)
+
+    def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
+        for index, tokens in enumerate(self.inputs):
+            slot.prefill(tokens, cancelled)
+            vector = slot.embedding()
+            norm = float(np.linalg.norm(vector))
+            yield Embedding(index, vector / norm if norm > 0 else vector)
+        yield Finished("stop", Usage(self.prompt_tokens, 0))
 
 
 @dataclasses.dataclass
@@ -56,13 +130,11 @@ class _Cancel:
         return self.set
 
 
-def _drive(generation: Generation, channel: ThreadChannel) -> None:
-    """Worker thread: run the decode loop, handing each piece to the channel."""
+def _drive(job: Job, slot: Slot, context_length: int, cancel: _Cancel, channel: ThreadChannel) -> None:
+    """Worker thread: run the job, handing each event to the channel."""
     try:
-        for text in generation:
-            channel.put((time.monotonic(), TextDelta(text)))
-        usage = Usage(len(generation.prompt), generation.completion_tokens, generation.cached_tokens)
-        channel.put((time.monotonic(), Finished(generation.finish_reason, usage)))
+        for event in job.run(slot, context_length, cancel):
+            channel.put((time.monotonic(), event))
     except Cancelled:
         pass
     except Exception as exc:  # the engine's failure becomes an in-band event
@@ -70,7 +142,7 @@ def _drive(generation: Generation, channel: ThreadChannel) -> None:
 
 
 class Session:
-    """Generate one request on a model, as neutral events (KeepAlive included).
+    """Run one job on a model, as neutral events (KeepAlive included).
 
     Holds the admission ``lease``; the lease and the slot are given back when
     the worker thread is done with the slot, however the stream ends. Iterate
@@ -82,7 +154,7 @@ class Session:
         self,
         model: LoadedModel,
         lease: Lease,
-        request: GenerationRequest,
+        job: Job,
         *,
         started: float,
         deadline: float,
@@ -92,13 +164,13 @@ class Session:
     ) -> None:
         self.model = model
         self.lease = lease
-        self.request = request
+        self.job = job
         self.started = started
         self.deadline = deadline
         self.keepalive = keepalive
         self.client_gone = client_gone
         self.metrics = metrics
-        self.stats = GenerationStats(prompt_tokens=len(request.prompt))
+        self.stats = GenerationStats(prompt_tokens=job.prompt_tokens)
         self._events: Optional[Generator[Event, None, None]] = None
 
     def __iter__(self) -> Iterator[Event]:
@@ -118,8 +190,6 @@ class Session:
         cancel = _Cancel()
         slot: Optional[Slot] = None
         job = None
-        channel: Optional[ThreadChannel] = None
-        generation: Optional[Generation] = None
         try:
             slot = yield from self._wait_for_slot()
             if slot is None:
@@ -127,19 +197,13 @@ class Session:
             self.stats.queue_wait = time.monotonic() - self.started
             self.metrics.queue_wait.labels(self.model.id).observe(self.stats.queue_wait)
             channel = ThreadChannel()
-            generation = Generation(
-                slot, self.request.prompt, max_tokens=self.request.max_tokens,
-                context_length=self.model.engine.context_length, sampling=self.request.sampling,
-                stop=self.request.stop, cancelled=cancel,
-            )
-            job = self.model.threads.spawn(_drive, generation, channel)
+            job = self.model.threads.spawn(_drive, self.job, slot, self.model.engine.context_length, cancel, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
             job.rawlink(lambda _: self._job_done(slot, channel))
             yield from self._relay(channel, cancel)
         finally:
             cancel.set = True
-            if generation is not None:  # a plain int the worker thread writes: read it, no lock needed
-                self.stats.completion_tokens = generation.completion_tokens
+            self.stats.completion_tokens = self.job.completion_tokens
             if not self.stats.outcome:
                 self.stats.outcome = "client_gone"
             if job is None:
@@ -189,11 +253,16 @@ class Session:
             now = time.monotonic()
             text = []
             for produced, item in items:
+                if not isinstance(item, (TextDelta, ToolCall, Embedding)):
+                    if text:
+                        yield TextDelta("".join(text))
+                    yield self._finish(item)
+                    return
+                if self.stats.time_to_first_token is None:
+                    self.stats.time_to_first_token = produced - self.started
+                    self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
                 if isinstance(item, TextDelta):
-                    if last_token is None:
-                        self.stats.time_to_first_token = produced - self.started
-                        self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
-                    else:
+                    if last_token is not None:
                         itl.observe(produced - last_token)
                     last_token = produced
                     text.append(item.text)
@@ -201,11 +270,11 @@ class Session:
                 if text:
                     yield TextDelta("".join(text))
                     text = []
-                yield self._finish(item)
-                return
+                yield item
+            if items:
+                quiet_since = now
             if text:
                 yield TextDelta("".join(text))
-                quiet_since = now
             if self._expired(now):
                 cancel.set = True
                 yield self._timeout()

@@ -1,0 +1,133 @@
+"""Tool calls parsed out of generated text, as the model's chat template asks for them.
+
+Two conventions are understood: Hermes-style ``<tool_call>{json}</tool_call>``
+(ChatML templates such as Qwen's and the built-in one) and Mistral's
+``[TOOL_CALLS][{json}, ...]``, chosen by what the template itself contains.
+Text that looks like a tool call but does not parse stays plain text.
+"""
+
+import dataclasses
+import json
+import uuid
+from typing import Optional
+
+from .events import TextDelta, ToolCall
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCallSyntax:
+    """How a model writes tool calls: an opening tag, then JSON, then the closing tag (or the end)."""
+
+    open: str
+    close: Optional[str]
+
+
+HERMES = ToolCallSyntax("<tool_call>", "</tool_call>")
+MISTRAL = ToolCallSyntax("[TOOL_CALLS]", None)
+
+
+def syntax_of(template_source: str) -> ToolCallSyntax:
+    """The convention a chat template teaches its model."""
+    return MISTRAL if "[TOOL_CALLS]" in template_source else HERMES
+
+
+def forced_opening(syntax: ToolCallSyntax, name: Optional[str]) -> str:
+    """The start of a reply that must be a tool call (of the function ``name``, if given).
+
+    Appended to the prompt, it makes the model continue inside a tool call.
+    """
+    opening = syntax.open + ("[" if syntax.close is None else "\n")
+    return opening + (f'{{"name": {json.dumps(name)}, "arguments": ' if name else "")
+
+
+def _parse_calls(body: str) -> Optional[list[ToolCall]]:
+    """The calls in one tool-call body (an object or a list of them); None if it is not one."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    calls = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return None
+        arguments = item.get("arguments", item.get("parameters", {}))
+        if isinstance(arguments, str):  # some models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        calls.append(ToolCall(uuid.uuid4().hex[:24], item["name"], json.dumps(arguments, ensure_ascii=False)))
+    return calls or None
+
+
+class ToolCallParser:
+    """Splits streamed text into text deltas and tool calls.
+
+    Text that could be the start of an opening tag is held back until it is
+    known not to be one; the body of a call is held until its closing tag.
+    """
+
+    def __init__(self, syntax: ToolCallSyntax) -> None:
+        self.syntax = syntax
+        self.calls = 0
+        self._pending = ""
+        self._inside = False
+        self._after_call = False
+
+    def feed(self, text: str) -> list[TextDelta | ToolCall]:
+        self._pending += text
+        out: list[TextDelta | ToolCall] = []
+        opening, closing = self.syntax.open, self.syntax.close
+        while True:
+            if not self._inside:
+                at = self._pending.find(opening)
+                if at < 0:
+                    hold = next((k for k in range(min(len(opening) - 1, len(self._pending)), 0, -1)
+                                 if self._pending.endswith(opening[:k])), 0)
+                    cut = len(self._pending) - hold
+                    self._text(self._pending[:cut], out)
+                    self._pending = self._pending[cut:]
+                    return out
+                self._text(self._pending[:at], out)
+                self._pending = self._pending[at + len(opening):]
+                self._inside = True
+            elif closing is None:
+                return out  # the body runs to the end of the text
+            else:
+                end = self._pending.find(closing)
+                if end < 0:
+                    return out
+                body, self._pending = self._pending[:end], self._pending[end + len(closing):]
+                self._inside = False
+                self._body(body, opening + body + closing, out)
+
+    def flush(self) -> list[TextDelta | ToolCall]:
+        """What is held back when the text ends: an unclosed call is parsed only if its syntax has no closing tag."""
+        out: list[TextDelta | ToolCall] = []
+        pending, self._pending = self._pending, ""
+        if not self._inside:
+            self._text(pending, out)
+        elif self.syntax.close is None:
+            self._body(pending, self.syntax.open + pending, out)
+        else:
+            self._text(self.syntax.open + pending, out)
+        self._inside = False
+        return out
+
+    def _body(self, body: str, raw: str, out: list) -> None:
+        calls = _parse_calls(body.strip())
+        if calls is None:
+            self._text(raw, out)
+            return
+        out.extend(calls)
+        self.calls += len(calls)
+        self._after_call = True
+
+    def _text(self, text: str, out: list) -> None:
+        if self._after_call:  # the whitespace a model puts between and after calls is not a reply
+            text = text.lstrip()
+            self._after_call = not text
+        if text:
+            out.append(TextDelta(text))

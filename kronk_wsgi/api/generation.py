@@ -70,6 +70,7 @@ def start_generation(
     tools: Optional[list[dict]] = None,
     tool_choice: str = "auto",
     tool_name: Optional[str] = None,
+    one_tool_call: bool = False,
     max_tokens: Optional[int],
     max_tokens_param: str,
     sampling: Callable[[LoadedModel], SamplingParams],
@@ -80,7 +81,7 @@ def start_generation(
     The prompt is chat ``messages`` rendered by the model's template, or raw
     ``text``. With ``tools``, tool calls are parsed out of the reply unless
     ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
-    reply inside a tool call.
+    reply inside a tool call, and ``one_tool_call`` ends it after the first.
     """
     if tool_name is not None and tool_name not in {t["function"]["name"] for t in tools or ()}:
         raise invalid(f"tool_choice names {tool_name!r}, which is not among the tools", param="tool_choice")
@@ -103,7 +104,7 @@ def start_generation(
             )
         return GenerationJob(
             tokens, max_tokens=max_tokens or context - len(tokens), sampling=params, stop=stop,
-            tool_syntax=syntax, reply_start=reply_start,
+            tool_syntax=syntax, reply_start=reply_start, one_tool_call=one_tool_call,
         )
 
     return _start(model_id, job)

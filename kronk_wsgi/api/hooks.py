@@ -8,7 +8,7 @@ import structlog
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from .errors import ApiError, openai_error_response
+from .errors import ANTHROPIC_PREFIX, ApiError, error_response
 from .state import RequestRecord, state
 
 log = structlog.get_logger("kronk_wsgi.http")
@@ -54,6 +54,9 @@ def _finish(response: Response) -> Response:
         return response
     rec.status = response.status_code
     response.headers["X-Request-ID"] = rec.request_id
+    if request.path.startswith(ANTHROPIC_PREFIX):
+        # Anthropic's clients read the id here: the message's id once there is one.
+        response.headers["request-id"] = response.headers["anthropic-request-id"] = rec.response_id or rec.request_id
     metrics = state().metrics
     response.call_on_close(lambda: _log_completed(rec, metrics))
     return response
@@ -65,7 +68,10 @@ def _log_completed(rec: RequestRecord, metrics) -> None:
     stats = rec.stats
     outcome = rec.outcome or (stats.outcome if stats and stats.outcome else None)
     outcome = outcome or ("ok" if rec.status < 400 else "error")
-    fields = dict(route=rec.route, model=rec.model, status=rec.status, outcome=outcome, duration=round(duration, 4))
+    fields = dict(
+        route=rec.route, model=rec.model, status=rec.status, outcome=outcome, duration=round(duration, 4),
+        response_id=rec.response_id,
+    )
     if stats is not None:
         fields.update(
             prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
@@ -79,13 +85,13 @@ def _log_completed(rec: RequestRecord, metrics) -> None:
 
 
 def _api_error(error: ApiError):
-    return openai_error_response(error)
+    return error_response(error, request.path)
 
 
 def _http_error(exc: HTTPException):
     if not _is_api(request.path):
         return exc  # the host app's pages keep their own error handling
-    return openai_error_response(ApiError.from_http(exc))
+    return error_response(ApiError.from_http(exc), request.path)
 
 
 def _unexpected(exc: Exception):
@@ -94,7 +100,7 @@ def _unexpected(exc: Exception):
     if not _is_api(request.path):
         raise exc
     log.exception("unexpected error")
-    return openai_error_response(ApiError(500, "internal server error", code="server_error"))
+    return error_response(ApiError(500, "internal server error", code="server_error"), request.path)
 
 
 def install(app: Flask) -> None:

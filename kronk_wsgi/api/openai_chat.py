@@ -12,6 +12,7 @@ from .errors import ApiError
 from .generation import start_generation
 from .schemas import ChatCompletionRequest, parse_body
 from .sse import DONE, KEEPALIVE_COMMENT, event_stream, sse
+from .state import record
 
 bp = Blueprint("openai_chat", __name__)
 
@@ -51,12 +52,13 @@ def chat_completions():
         tools=body.template_tools(),
         tool_choice=tool_choice,
         tool_name=tool_name,
+        one_tool_call=body.parallel_tool_calls is False,
         max_tokens=body.token_limit,
         max_tokens_param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
         sampling=lambda model: body.sampling(model.engine.vocab_size),
         stop=body.stop_sequences(),
     )
-    completion_id = "chatcmpl-" + uuid.uuid4().hex
+    completion_id = record().response_id = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -29,6 +29,7 @@ class RequestRecord:
     route: str
     started: float = dataclasses.field(default_factory=time.monotonic)
     model: Optional[str] = None
+    response_id: Optional[str] = None  # the id of the completion, message or response made
     status: int = 0
     outcome: str = ""  # set by views that know better than the status
     stats: Optional[GenerationStats] = None

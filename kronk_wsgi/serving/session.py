@@ -7,6 +7,7 @@ deadline and the client's socket, whichever comes first.
 
 import dataclasses
 import inspect
+import itertools
 import time
 from typing import Callable, Generator, Iterator, Optional, Protocol
 
@@ -41,7 +42,8 @@ class GenerationJob:
     """Generate text for one prompt; with a tool-call syntax, tool calls are parsed out of it.
 
     ``reply_start`` is text at the end of the prompt that belongs to the reply
-    (the opening of a forced tool call): the parser reads it first.
+    (the opening of a forced tool call): the parser reads it first. With
+    ``one_tool_call`` generation ends at the first tool call.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class GenerationJob:
         stop: tuple[str, ...] = (),
         tool_syntax: Optional[ToolCallSyntax] = None,
         reply_start: str = "",
+        one_tool_call: bool = False,
     ) -> None:
         self.prompt = prompt
         self.prompt_tokens = len(prompt)
@@ -61,6 +64,7 @@ class GenerationJob:
         self.stop = stop
         self.tool_syntax = tool_syntax
         self.reply_start = reply_start
+        self.one_tool_call = one_tool_call
         self._generation: Optional[Generation] = None
 
     @property
@@ -73,21 +77,26 @@ class GenerationJob:
             slot, self.prompt, max_tokens=self.max_tokens, context_length=context_length,
             sampling=self.sampling, stop=self.stop, cancelled=cancelled,
         )
-        parser = ToolCallParser(self.tool_syntax) if self.tool_syntax else None
-        if parser is not None:
-            yield from parser.feed(self.reply_start)
-        for text in generation:
-            if parser is None:
-                yield TextDelta(text)
-            else:
-                yield from parser.feed(text)
+        if self.tool_syntax is None:
+            yield from map(TextDelta, generation)
+            yield Finished(generation.finish_reason, self._usage(), generation.stop_sequence)
+            return
+        parser = ToolCallParser(self.tool_syntax)
+        for text in itertools.chain([self.reply_start], generation):
+            for event in parser.feed(text):
+                yield event
+                if self.one_tool_call and isinstance(event, ToolCall):
+                    yield Finished("tool_calls", self._usage())
+                    return
+        yield from parser.flush()
         reason = generation.finish_reason
-        if parser is not None:
-            yield from parser.flush()
-            if parser.calls and reason == "stop" and generation.stop_sequence is None:
-                reason = "tool_calls"
-        usage = Usage(self.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
-        yield Finished(reason, usage, generation.stop_sequence)
+        if parser.calls and reason == "stop" and generation.stop_sequence is None:
+            reason = "tool_calls"
+        yield Finished(reason, self._usage(), generation.stop_sequence)
+
+    def _usage(self) -> Usage:
+        generation = self._generation
+        return Usage(self.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
 
 
 class EmbeddingJob:

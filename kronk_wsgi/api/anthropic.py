@@ -1,0 +1,292 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API."""
+
+import json
+import uuid
+from typing import Annotated, Any, Iterator, Literal, Optional, Union
+
+from flask import Blueprint, jsonify
+import pydantic
+from pydantic import Field
+
+from ..engine.sampling import SamplingParams
+from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall
+from ..serving.session import Session
+from .errors import ApiError, anthropic_error_body
+from .generation import get_model, render_chat, start_generation
+from .schemas import FunctionName, Strict, parse_body, template_tool, template_tool_call
+from .sse import event_stream, sse
+from .state import record
+
+bp = Blueprint("anthropic", __name__)
+
+PING = sse({"type": "ping"}, "ping")
+
+
+class CacheControl(Strict):
+    """Accepted for compatibility: every slot reuses its cached prompt prefix anyway."""
+
+    type: Literal["ephemeral"]
+    ttl: Optional[Literal["5m", "1h"]] = None
+
+
+class TextBlock(Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: Optional[CacheControl] = None
+
+
+class ToolUseBlock(Strict):
+    type: Literal["tool_use"]
+    id: str
+    name: FunctionName
+    input: dict[str, Any]
+    cache_control: Optional[CacheControl] = None
+
+
+class ToolResultBlock(Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: Union[str, list[TextBlock]] = ""
+    is_error: bool = False
+    cache_control: Optional[CacheControl] = None
+
+    def text(self) -> str:
+        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
+Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock], Field(discriminator="type")]
+
+
+class Message(Strict):
+    role: Literal["user", "assistant"]
+    content: Union[str, list[Block]]
+
+    def for_template(self) -> list[dict]:
+        """Template messages: text and tool uses in one, each tool result in a message of its own."""
+        if isinstance(self.content, str):
+            return [{"role": self.role, "content": self.content}]
+        out: list[dict] = []
+        text: list[str] = []
+        calls: list[dict] = []
+        for block in self.content:
+            if isinstance(block, TextBlock):
+                text.append(block.text)
+            elif isinstance(block, ToolUseBlock):
+                calls.append(template_tool_call(block.id, block.name, block.input))
+            else:
+                if text:
+                    out.append({"role": self.role, "content": "".join(text)})
+                    text = []
+                out.append({"role": "tool", "content": block.text(), "tool_call_id": block.tool_use_id})
+        if text or calls:
+            message: dict[str, Any] = {"role": self.role, "content": "".join(text)}
+            if calls:
+                message["tool_calls"] = calls
+            out.append(message)
+        return out
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "Message":
+        for block in self.content if isinstance(self.content, list) else ():
+            if isinstance(block, ToolUseBlock) and self.role != "assistant":
+                raise ValueError("tool_use blocks belong in assistant messages")
+            if isinstance(block, ToolResultBlock) and self.role != "user":
+                raise ValueError("tool_result blocks belong in user messages")
+        return self
+
+
+class Tool(Strict):
+    name: FunctionName
+    description: Optional[str] = None
+    input_schema: dict[str, Any]
+    type: Optional[Literal["custom"]] = None
+    cache_control: Optional[CacheControl] = None
+
+
+class ToolChoiceAuto(Strict):
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceAny(Strict):
+    type: Literal["any"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceTool(Strict):
+    type: Literal["tool"]
+    name: FunctionName
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceNone(Strict):
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[Union[ToolChoiceAuto, ToolChoiceAny, ToolChoiceTool, ToolChoiceNone], Field(discriminator="type")]
+
+
+class Metadata(Strict):
+    user_id: Optional[str] = None
+
+
+class CountTokensRequest(Strict):
+    model: str
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: Union[str, list[TextBlock], None] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "CountTokensRequest":
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        return self
+
+    def template_messages(self) -> list[dict]:
+        messages = []
+        if self.system is not None:
+            system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system)
+            messages.append({"role": "system", "content": system})
+        for message in self.messages:
+            messages.extend(message.for_template())
+        return messages
+
+    def template_tools(self) -> Optional[list[dict]]:
+        if not self.tools:
+            return None
+        return [template_tool(t.name, t.description, t.input_schema) for t in self.tools]
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: Optional[list[str]] = None
+    temperature: Annotated[float, Field(ge=0, le=1)] = 1.0
+    top_p: Optional[Annotated[float, Field(gt=0, le=1)]] = None
+    top_k: Optional[Annotated[int, Field(ge=0)]] = None
+    metadata: Optional[Metadata] = None
+    stream: bool = False
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0)
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict:
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+
+
+def _stop_reason(event: Finished) -> str:
+    if event.stop_sequence is not None:
+        return "stop_sequence"
+    return {"length": "max_tokens", "tool_calls": "tool_use"}.get(event.reason, "end_turn")
+
+
+def _tool_use(call: ToolCall, input_: Any) -> dict:
+    return {"type": "tool_use", "id": "toolu_" + call.id, "name": call.name, "input": input_}
+
+
+@bp.post("/v1/messages")
+def messages():
+    """Generate the assistant's next message."""
+    body = parse_body(MessagesRequest)
+    choice = body.tool_choice
+    session = start_generation(
+        body.model,
+        messages=body.template_messages(),
+        prompt_param="messages",
+        tools=body.template_tools(),
+        tool_choice={None: "auto", "auto": "auto", "none": "none"}.get(choice and choice.type, "required"),
+        tool_name=choice.name if isinstance(choice, ToolChoiceTool) else None,
+        one_tool_call=getattr(choice, "disable_parallel_tool_use", False),
+        max_tokens=body.max_tokens,
+        max_tokens_param="max_tokens",
+        sampling=lambda model: body.sampling(),
+        stop=tuple(body.stop_sequences or ()),
+    )
+    message_id = record().response_id = "msg_" + uuid.uuid4().hex
+    head = {
+        "id": message_id, "type": "message", "role": "assistant", "model": body.model,
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": _usage(session.job.prompt_tokens, 0),
+    }
+    if body.stream:
+        response = event_stream(_stream(session, head))
+        response.call_on_close(session.close)
+        return response
+    return _whole(session, head)
+
+
+@bp.post("/v1/messages/count_tokens")
+def count_tokens():
+    """The number of prompt tokens the same request would use."""
+    body = parse_body(CountTokensRequest)
+    model = get_model(body.model)
+    prompt = render_chat(model, body.template_messages(), body.template_tools())
+    return jsonify({"input_tokens": len(model.tokenize(prompt))})
+
+
+def _stream(session: Session, head: dict) -> Iterator[str]:
+    """message_start (the commit), content blocks, message_delta, message_stop."""
+    blocks = 0
+    text_open = False
+    try:
+        yield sse({"type": "message_start", "message": head}, "message_start")
+        for event in session:
+            if isinstance(event, TextDelta):
+                if not text_open:
+                    start = {"type": "content_block_start", "index": blocks, "content_block": {"type": "text", "text": ""}}
+                    yield sse(start, "content_block_start")
+                    text_open = True
+                delta = {"type": "content_block_delta", "index": blocks, "delta": {"type": "text_delta", "text": event.text}}
+                yield sse(delta, "content_block_delta")
+                continue
+            if text_open:
+                yield sse({"type": "content_block_stop", "index": blocks}, "content_block_stop")
+                blocks += 1
+                text_open = False
+            if isinstance(event, ToolCall):
+                start = {"type": "content_block_start", "index": blocks, "content_block": _tool_use(event, {})}
+                yield sse(start, "content_block_start")
+                delta = {"type": "input_json_delta", "partial_json": event.arguments}
+                yield sse({"type": "content_block_delta", "index": blocks, "delta": delta}, "content_block_delta")
+                yield sse({"type": "content_block_stop", "index": blocks}, "content_block_stop")
+                blocks += 1
+            elif isinstance(event, KeepAlive):
+                yield PING
+            elif isinstance(event, Finished):
+                delta = {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence}
+                usage = _usage(event.usage.prompt_tokens, event.usage.completion_tokens)
+                yield sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
+                yield sse({"type": "message_stop"}, "message_stop")
+            elif isinstance(event, Failed):
+                kind = "timeout_error" if event.code == "timeout" else "api_error"
+                yield sse(anthropic_error_body(kind, event.message), "error")
+    finally:
+        session.close()
+
+
+def _whole(session: Session, head: dict):
+    """Run the session to its end and answer with one message object."""
+    content: list[dict] = []
+    try:
+        for event in session:
+            if isinstance(event, TextDelta):
+                if content and content[-1]["type"] == "text":
+                    content[-1]["text"] += event.text
+                else:
+                    content.append({"type": "text", "text": event.text})
+            elif isinstance(event, ToolCall):
+                content.append(_tool_use(event, json.loads(event.arguments)))
+            elif isinstance(event, Finished):
+                return jsonify({
+                    **head, "content": content, "stop_reason": _stop_reason(event),
+                    "stop_sequence": event.stop_sequence,
+                    "usage": _usage(event.usage.prompt_tokens, event.usage.completion_tokens),
+                })
+            elif isinstance(event, Failed):
+                status = 504 if event.code == "timeout" else 500
+                raise ApiError(status, event.message, code=event.code)
+    finally:
+        session.close()
+    raise ApiError(499, "client closed the connection")

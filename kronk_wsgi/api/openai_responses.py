@@ -1,0 +1,334 @@
+"""POST /v1/responses: OpenAI's Responses API, stateless, streamed or whole."""
+
+import time
+import uuid
+from typing import Annotated, Any, Iterator, Literal, Optional, Union
+
+import pydantic
+from flask import Blueprint, jsonify
+from pydantic import Discriminator, Field, Tag
+
+from ..engine.sampling import SamplingParams
+from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall, Usage
+from ..serving.session import Session
+from .errors import ApiError
+from .generation import start_generation
+from .schemas import FunctionName, Strict, json_object, parse_body, template_tool, template_tool_call
+from .sse import KEEPALIVE_COMMENT, event_stream, sse
+from .state import record
+
+bp = Blueprint("openai_responses", __name__)
+
+
+class InputText(Strict):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(Strict):
+    type: Literal["output_text"]
+    text: str
+    annotations: Optional[list[Any]] = None
+    logprobs: Optional[list[Any]] = None
+
+
+class MessageItem(Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[str, list[Annotated[Union[InputText, OutputText], Field(discriminator="type")]]]
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: FunctionName
+    arguments: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+    @pydantic.field_validator("arguments")
+    @classmethod
+    def _arguments(cls, value: str) -> str:
+        json_object(value, "arguments")
+        return value
+
+
+class FunctionCallOutputItem(Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+def _item_type(value: Any) -> Optional[str]:
+    return value.get("type", "message") if isinstance(value, dict) else None
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    ],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    name: FunctionName
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class NamedFunction(Strict):
+    type: Literal["function"]
+    name: FunctionName
+
+
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class TextConfig(Strict):
+    format: Optional[TextFormat] = None
+
+
+class ResponsesRequest(Strict):
+    model: str
+    input: Union[str, Annotated[list[InputItem], Field(min_length=1)]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    stream: bool = False
+    tools: Optional[list[FunctionTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = None
+    parallel_tool_calls: Optional[bool] = None
+    store: Optional[bool] = None
+    previous_response_id: Optional[str] = None
+    metadata: Optional[dict[str, str]] = None
+    text: Optional[TextConfig] = None
+    truncation: Optional[Literal["disabled"]] = None
+    user: Optional[str] = None
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "ResponsesRequest":
+        if self.previous_response_id is not None:
+            raise ValueError("previous_response_id is not supported: this server keeps no responses; send the whole input")
+        if self.store:
+            raise ValueError("store must be false: this server keeps no responses")
+        if any(tool.strict for tool in self.tools or ()):
+            raise ValueError("strict function tools are not supported: set strict to false")
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        return self
+
+    def template_messages(self) -> list[dict]:
+        messages: list[dict] = []
+        if self.instructions is not None:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            return messages + [{"role": "user", "content": self.input}]
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                messages.append({"role": item.role, "content": item.text()})
+            elif isinstance(item, FunctionCallItem):
+                call = template_tool_call(item.call_id, item.name, json_object(item.arguments, "arguments"))
+                if not messages or messages[-1]["role"] != "assistant":
+                    messages.append({"role": "assistant", "content": ""})
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
+        return messages
+
+    def template_tools(self) -> Optional[list[dict]]:
+        if not self.tools:
+            return None
+        return [template_tool(t.name, t.description, t.parameters) for t in self.tools]
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p)
+
+
+def _usage(usage: Usage) -> dict:
+    return {
+        "input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict:
+    content = [] if status == "in_progress" else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(call: ToolCall, arguments: str, status: str) -> dict:
+    return {"id": "fc_" + call.id, "type": "function_call", "status": status, "call_id": "call_" + call.id,
+            "name": call.name, "arguments": arguments}
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+@bp.post("/v1/responses")
+def responses():
+    """Generate a model response."""
+    body = parse_body(ResponsesRequest)
+    choice = body.tool_choice
+    session = start_generation(
+        body.model,
+        messages=body.template_messages(),
+        prompt_param="input",
+        tools=body.template_tools(),
+        tool_choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
+        tool_name=None if choice is None or isinstance(choice, str) else choice.name,
+        one_tool_call=body.parallel_tool_calls is False,
+        max_tokens=body.max_output_tokens,
+        max_tokens_param="max_output_tokens",
+        sampling=lambda model: body.sampling(),
+        stop=(),
+    )
+    response_id = record().response_id = _new_id("resp_")
+    base = {
+        "id": response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
+        "error": None, "incomplete_details": None, "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens, "model": body.model, "output": [],
+        "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
+        "store": False, "temperature": body.temperature, "text": {"format": {"type": "text"}},
+        "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else choice or "auto",
+        "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p, "truncation": "disabled",
+        "usage": None, "user": body.user, "metadata": body.metadata or {},
+    }
+    if body.stream:
+        response = event_stream(_Stream(session, base).frames())
+        response.call_on_close(session.close)
+        return response
+    return _whole(session, base)
+
+
+def _final(base: dict, output: list[dict], event: Finished) -> dict:
+    """The finished response object: completed, or incomplete at max_output_tokens."""
+    incomplete = event.reason == "length"
+    return {
+        **base, "status": "incomplete" if incomplete else "completed", "output": output,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "usage": _usage(event.usage),
+    }
+
+
+def _output_text(output: list[dict]) -> str:
+    return "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+
+
+class _Stream:
+    """The event sequence of one streamed response, numbered from 0."""
+
+    def __init__(self, session: Session, base: dict) -> None:
+        self.session = session
+        self.base = base
+        self.sequence = 0
+        self.output: list[dict] = []
+        self.message_id: Optional[str] = None  # the message item being written, if any
+        self.text: list[str] = []
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        frame = sse({"type": kind, "sequence_number": self.sequence, **fields}, kind)
+        self.sequence += 1
+        return frame
+
+    def frames(self) -> Iterator[str]:
+        try:
+            yield self._event("response.created", response=self.base)
+            yield self._event("response.in_progress", response=self.base)
+            for event in self.session:
+                if isinstance(event, TextDelta):
+                    yield from self._text(event.text)
+                elif isinstance(event, ToolCall):
+                    yield from self._close_message("completed")
+                    yield from self._call(event)
+                elif isinstance(event, KeepAlive):
+                    yield KEEPALIVE_COMMENT
+                elif isinstance(event, Finished):
+                    yield from self._close_message("incomplete" if event.reason == "length" else "completed")
+                    final = _final(self.base, self.output, event)
+                    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+                    yield self._event(kind, response=final)
+                elif isinstance(event, Failed):
+                    error = {"code": "server_error", "message": event.message}
+                    failed = {**self.base, "status": "failed", "error": error, "output": self.output}
+                    yield self._event("response.failed", response=failed)
+        finally:
+            self.session.close()
+
+    def _text(self, text: str) -> Iterator[str]:
+        where = {"output_index": len(self.output), "content_index": 0}
+        if self.message_id is None:
+            self.message_id = _new_id("msg_")
+            yield self._event("response.output_item.added", output_index=len(self.output),
+                              item=_message_item(self.message_id, "", "in_progress"))
+            yield self._event("response.content_part.added", item_id=self.message_id, **where,
+                              part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        self.text.append(text)
+        yield self._event("response.output_text.delta", item_id=self.message_id, **where, delta=text, logprobs=[])
+
+    def _close_message(self, status: str) -> Iterator[str]:
+        if self.message_id is None:
+            return
+        text, item_id = "".join(self.text), self.message_id
+        where = {"item_id": item_id, "output_index": len(self.output), "content_index": 0}
+        item = _message_item(item_id, text, status)
+        yield self._event("response.output_text.done", **where, text=text, logprobs=[])
+        yield self._event("response.content_part.done", **where, part=item["content"][0])
+        yield self._event("response.output_item.done", output_index=len(self.output), item=item)
+        self.output.append(item)
+        self.message_id, self.text = None, []
+
+    def _call(self, call: ToolCall) -> Iterator[str]:
+        index, item_id = len(self.output), "fc_" + call.id
+        yield self._event("response.output_item.added", output_index=index, item=_call_item(call, "", "in_progress"))
+        yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                          delta=call.arguments)
+        yield self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                          arguments=call.arguments, name=call.name)
+        item = _call_item(call, call.arguments, "completed")
+        yield self._event("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
+
+
+def _whole(session: Session, base: dict):
+    """Run the session to its end and answer with one response object."""
+    output: list[dict] = []
+    text: list[str] = []
+
+    def close_message(status: str) -> None:
+        if text:
+            output.append(_message_item(_new_id("msg_"), "".join(text), status))
+            text.clear()
+
+    try:
+        for event in session:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, ToolCall):
+                close_message("completed")
+                output.append(_call_item(event, event.arguments, "completed"))
+            elif isinstance(event, Finished):
+                close_message("incomplete" if event.reason == "length" else "completed")
+                final = _final(base, output, event)
+                return jsonify({**final, "output_text": _output_text(output)})
+            elif isinstance(event, Failed):
+                status = 504 if event.code == "timeout" else 500
+                raise ApiError(status, event.message, code=event.code)
+    finally:
+        session.close()
+    raise ApiError(499, "client closed the connection")

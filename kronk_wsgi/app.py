@@ -6,7 +6,7 @@ import gevent
 import structlog
 from flask import Flask
 
-from .api import anthropic, hooks, openai_chat, openai_responses, service
+from .api import anthropic, hooks, openai_chat, openai_completions, openai_embeddings, openai_responses, service, tokens
 from .api.state import KronkState
 from .config import FIELDS, Settings, config_key, read_config, settings_from_config
 from .logs import configure_logging
@@ -36,7 +36,11 @@ class Kronk:
         metrics = Metrics()
         pool = ModelPool(settings, metrics)
         app.extensions["kronk"] = KronkState(settings, pool, metrics)
-        for blueprint in (service.bp, openai_chat.bp, openai_responses.bp, anthropic.bp):
+        blueprints = (
+            service.bp, openai_chat.bp, openai_responses.bp, openai_completions.bp, openai_embeddings.bp,
+            tokens.bp, anthropic.bp,
+        )
+        for blueprint in blueprints:
             app.register_blueprint(blueprint)
         hooks.install(app)
         gevent.spawn(_warm_up, pool, settings.default_model)

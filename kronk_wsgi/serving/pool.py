@@ -75,8 +75,11 @@ class LoadedModel:
             self.free_slots.put(slot)
         self._places = gevent.lock.BoundedSemaphore(places)
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.apply(self.engine.tokenize, (text,))
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.tokenizer.apply(self.engine.tokenize, (text, add_bos))
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return self.tokenizer.apply(self.engine.detokenize, (tokens,))
 
     def admit(self, timeout: float, client_gone: Callable[[], bool]) -> Lease:
         """Wait up to ``timeout`` seconds for a place; Overloaded or ClientGone otherwise."""

@@ -1,0 +1,60 @@
+"""POST /v1/embeddings: OpenAI's embeddings, as floats or base64."""
+
+import base64
+from typing import Annotated, Literal, Optional, Union
+
+import numpy as np
+import pydantic
+from flask import Blueprint, jsonify
+from pydantic import Field
+
+from ..serving.events import Embedding, Failed, Finished
+from .errors import ApiError
+from .generation import start_embedding
+from .schemas import Strict, parse_body
+
+bp = Blueprint("openai_embeddings", __name__)
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class EmbeddingRequest(Strict):
+    model: str
+    input: Union[NonEmpty, Annotated[list[NonEmpty], Field(min_length=1, max_length=2048)]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = None
+    user: Optional[str] = None
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "EmbeddingRequest":
+        if self.dimensions is not None:
+            raise ValueError("dimensions is not supported: these models give vectors of one size")
+        return self
+
+
+def _encode(vector: np.ndarray, encoding: str):
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.astype(float).tolist()
+
+
+@bp.post("/v1/embeddings")
+def embeddings():
+    """Embed one text or a list of texts."""
+    body = parse_body(EmbeddingRequest)
+    inputs = [body.input] if isinstance(body.input, str) else body.input
+    session = start_embedding(body.model, inputs, param="input")
+    data = []
+    try:
+        for event in session:
+            if isinstance(event, Embedding):
+                data.append({"object": "embedding", "index": event.index,
+                             "embedding": _encode(event.vector, body.encoding_format)})
+            elif isinstance(event, Finished):
+                usage = {"prompt_tokens": event.usage.prompt_tokens, "total_tokens": event.usage.prompt_tokens}
+                return jsonify({"object": "list", "data": data, "model": body.model, "usage": usage})
+            elif isinstance(event, Failed):
+                raise ApiError(504 if event.code == "timeout" else 500, event.message, code=event.code)
+    finally:
+        session.close()
+    raise ApiError(499, "client closed the connection")

@@ -1,0 +1,59 @@
+"""POST /v1/tokenize and /v1/detokenize: the model's own tokenizer, with or without its chat template."""
+
+from typing import Annotated, Optional
+
+import pydantic
+from flask import Blueprint, jsonify
+from pydantic import Field
+
+from .errors import invalid
+from .generation import get_model, render_chat
+from .schemas import ChatMessage, ChatTool, Strict, parse_body, template_tool
+
+bp = Blueprint("tokens", __name__)
+
+
+class TokenizeRequest(Strict):
+    model: str
+    text: Optional[str] = None
+    messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
+    tools: Optional[list[ChatTool]] = None
+    add_special: bool = True
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "TokenizeRequest":
+        if (self.text is None) == (self.messages is None):
+            raise ValueError("give text or messages, not both")
+        if self.tools and self.messages is None:
+            raise ValueError("tools go with messages")
+        return self
+
+
+class DetokenizeRequest(Strict):
+    model: str
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+@bp.post("/v1/tokenize")
+def tokenize():
+    """Tokens of a text, or of chat messages rendered by the model's chat template."""
+    body = parse_body(TokenizeRequest)
+    model = get_model(body.model)
+    text = body.text
+    if body.messages is not None:
+        tools = [template_tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
+        text = render_chat(model, [m.for_template() for m in body.messages], tools)
+    tokens = model.tokenize(text, add_bos=body.add_special)
+    return jsonify({"tokens": tokens, "count": len(tokens), "max_context_length": model.engine.context_length})
+
+
+@bp.post("/v1/detokenize")
+def detokenize():
+    """The text some tokens stand for."""
+    body = parse_body(DetokenizeRequest)
+    model = get_model(body.model)
+    vocab = model.engine.vocab_size
+    for index, token in enumerate(body.tokens):
+        if token >= vocab:
+            raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})", param=f"tokens[{index}]")
+    return jsonify({"text": model.detokenize(body.tokens).decode("utf-8", errors="replace")})

@@ -75,6 +75,7 @@ class ToolCallParser:
         self._pending = ""
         self._inside = False
         self._after_call = False
+        self._space = ""  # trailing whitespace, held until text follows (not a call)
 
     def feed(self, text: str) -> list[TextDelta | ToolCall]:
         self._pending += text
@@ -114,6 +115,9 @@ class ToolCallParser:
         else:
             self._text(self.syntax.open + pending, out)
         self._inside = False
+        if self._space and not self._after_call:
+            out.append(TextDelta(self._space))
+        self._space = ""
         return out
 
     def _body(self, body: str, raw: str, out: list) -> None:
@@ -124,10 +128,15 @@ class ToolCallParser:
         out.extend(calls)
         self.calls += len(calls)
         self._after_call = True
+        self._space = ""
 
     def _text(self, text: str, out: list) -> None:
-        if self._after_call:  # the whitespace a model puts between and after calls is not a reply
+        # The whitespace a model puts around its calls is not part of its reply.
+        text = self._space + text
+        if self._after_call:
             text = text.lstrip()
             self._after_call = not text
-        if text:
-            out.append(TextDelta(text))
+        body = text.rstrip()
+        self._space = text[len(body):]
+        if body:
+            out.append(TextDelta(body))

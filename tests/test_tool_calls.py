@@ -1,0 +1,73 @@
+"""Tool calls parsed out of streamed text, whatever the split of the stream."""
+
+import json
+
+import pytest
+
+from kronk_wsgi.engine.chat_template import ChatTemplate
+from kronk_wsgi.serving.events import TextDelta, ToolCall
+from kronk_wsgi.serving.tool_calls import HERMES, MISTRAL, ToolCallParser, forced_opening, syntax_of
+
+WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+def parse(syntax, pieces):
+    parser = ToolCallParser(syntax)
+    events = [e for piece in pieces for e in parser.feed(piece)] + parser.flush()
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
+    return text, calls, parser.calls
+
+
+def splits(text):
+    """The text whole, char by char, and in 3-char pieces."""
+    return [[text], list(text), [text[i:i + 3] for i in range(0, len(text), 3)]]
+
+
+@pytest.mark.parametrize("pieces", splits(f"Let me look.\n<tool_call>\n{WEATHER}\n</tool_call>\n"))
+def test_hermes_call_after_text(pieces):
+    assert parse(HERMES, pieces) == ("Let me look.", [("get_weather", {"city": "Paris"})], 1)
+
+
+@pytest.mark.parametrize("pieces", splits(
+    '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "parameters": {"x": [1, 2]}}</tool_call>'
+))
+def test_two_hermes_calls_and_the_parameters_spelling(pieces):
+    assert parse(HERMES, pieces) == ("", [("a", {}), ("b", {"x": [1, 2]})], 2)
+
+
+def test_arguments_written_as_a_json_string():
+    assert parse(HERMES, ['<tool_call>{"name": "a", "arguments": "{\\"k\\": 1}"}</tool_call>'])[1] == [("a", {"k": 1})]
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>{not json}</tool_call>",
+    '<tool_call>{"arguments": {}}</tool_call>',
+    '<tool_call>{"name": 5, "arguments": {}}</tool_call>',
+    '<tool_call>{"name": "a", "arguments": [1]}</tool_call>',
+    '<tool_call>{"name": "a", "arguments": "not json"}</tool_call>',
+    '<tool_call>{"name": "a", "arguments": {}}',  # never closed
+    "a < b and <tool but not a call",
+])
+def test_malformed_calls_stay_text(text):
+    assert parse(HERMES, list(text)) == (text, [], 0)
+
+
+@pytest.mark.parametrize("pieces", splits('[TOOL_CALLS][{"name": "a", "arguments": {"q": "x"}}, {"name": "b", "arguments": {}}]'))
+def test_mistral_calls_run_to_the_end(pieces):
+    assert parse(MISTRAL, pieces) == ("", [("a", {"q": "x"}), ("b", {})], 2)
+
+
+def test_text_around_a_call_keeps_its_inner_whitespace():
+    text, calls, _ = parse(HERMES, ["Hi  there\n\n", f"<tool_call>{WEATHER}</tool_call>", "\n\nDone. "])
+    assert text == "Hi  thereDone. " and len(calls) == 1
+
+
+def test_forced_opening_continues_inside_a_call():
+    for syntax, rest in ((HERMES, '{"city": "Paris"}}\n</tool_call>'), (MISTRAL, '{"city": "Paris"}}]')):
+        assert parse(syntax, [forced_opening(syntax, "get_weather"), rest])[1] == [("get_weather", {"city": "Paris"})]
+
+
+def test_syntax_follows_the_template():
+    assert syntax_of("{{ '[TOOL_CALLS]' }}") is MISTRAL
+    assert syntax_of(ChatTemplate.for_model("chatml", None, "<s>", "</s>").source) is HERMES

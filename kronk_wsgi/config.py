@@ -91,7 +91,9 @@ class Settings(BaseModel):
         if not self.models:
             raise ValueError("models: at least one model is needed")
         if self.default_model is None:
-            self.default_model = next(iter(self.models)) if len(self.models) == 1 else None
+            if len(self.models) > 1:
+                raise ValueError(f"default_model: name one of the models {sorted(self.models)}")
+            self.default_model = next(iter(self.models))
         if self.default_model not in self.models:
             raise ValueError(f"default_model {self.default_model!r} is not one of the models {sorted(self.models)}")
         return self

@@ -1,12 +1,11 @@
 """An engine that says what a test tells it to: the real engine, with sampling steered to a script.
 
 At each prompt the slot reads the file named by KRONK_TEST_SCRIPT_FILE and
-forces its tokens one by one (every other logit is -inf), then EOS.
+forces its bytes' tokens one by one (every other logit is -inf), then EOS.
 Tokenizing, prefill, decoding and detokenizing stay the real engine's. Used
 to make the model write tool calls, which a random tiny model never does.
 """
 
-import ctypes
 import os
 from pathlib import Path
 
@@ -22,13 +21,9 @@ class ScriptedSlot(CTransformersSlot):
         return super().prefill(tokens, cancelled, chunk)
 
     def _tokens(self, text: str) -> list[int]:
-        """The script's tokens, on this slot's own model object (it is used by one thread only)."""
-        data = text.encode()
-        buffer = (ctypes.c_int * (len(data) + 4))()
-        tokens = buffer[: self._llm.ctransformers_llm_tokenize(data, False, buffer)]
-        if tokens and self.token_bytes(tokens[0]) == b" " and not text.startswith(" "):
-            tokens = tokens[1:]  # SentencePiece's leading space is not part of the script
-        return tokens + [self._llm.eos_token_id]
+        """The script as one token per byte (the vocabulary has all 256), then EOS."""
+        by_bytes = {self.token_bytes(t): t for t in reversed(range(self._n_vocab))}
+        return [by_bytes[bytes([b])] for b in text.encode()] + [self._llm.eos_token_id]
 
     def logits(self) -> np.ndarray:
         real = super().logits()

@@ -166,6 +166,8 @@ class MessagesRequest(CountTokensRequest):
     top_p: Optional[Annotated[float, Field(gt=0, le=1)]] = None
     top_k: Optional[Annotated[int, Field(ge=0)]] = None
     metadata: Optional[Metadata] = None
+    cache_control: Optional[CacheControl] = None
+    service_tier: Optional[Literal["auto", "standard_only"]] = None  # one tier here: both are met
     stream: bool = False
 
     def sampling(self) -> SamplingParams:

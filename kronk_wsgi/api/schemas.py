@@ -185,16 +185,21 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
-def _param(loc: tuple) -> Optional[str]:
-    """pydantic's error location as OpenAI's param string: messages[0].content."""
+def _param(data: Any, loc: tuple, missing: bool) -> Optional[str]:
+    """pydantic's error location as OpenAI's param string: messages[0].content.
+
+    The location also names union members and tags; only the parts found in
+    the request itself (or a missing field, at the end) are kept.
+    """
     out = ""
-    for part in loc:
-        if isinstance(part, int):
+    for position, part in enumerate(loc):
+        last = position == len(loc) - 1
+        if isinstance(part, int) and isinstance(data, list) and 0 <= part < len(data):
             out += f"[{part}]"
-        elif part in ("str", "list[TextPart]", "list[str]") or "[" in str(part) or str(part).startswith(("function-", "constrained-")):
-            continue  # the name of a union member, not a field
-        else:
-            out += ("." if out else "") + str(part)
+            data = data[part]
+        elif isinstance(part, str) and ((isinstance(data, dict) and part in data) or (last and missing)):
+            out += ("." if out else "") + part
+            data = data.get(part) if isinstance(data, dict) else None
     return out or None
 
 
@@ -212,7 +217,7 @@ def parse_body(schema: Type[M]) -> M:
     except pydantic.ValidationError as exc:
         # The deepest error: for a union (str or list of parts) the branch that got furthest.
         error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
-        param = _param(error["loc"])
+        param = _param(data, error["loc"], error["type"] == "missing")
         if error["type"] == "extra_forbidden":
             raise invalid(f"unrecognized request argument supplied: {param}", param=param) from None
         if error["type"] == "missing":

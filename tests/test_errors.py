@@ -113,3 +113,13 @@ def test_health_stays_open_with_auth(secured):
     assert requests.get(secured.url + "/v1/liveness", timeout=10).status_code == 200
     assert requests.get(secured.url + "/v1/readiness", timeout=10).status_code == 200
     assert requests.get(secured.url + "/v1/models", timeout=10).status_code == 401
+
+
+def test_auth_on_anthropic_routes(secured):
+    messages = {"model": "tiny", "max_tokens": 1, "messages": OK_MESSAGES}
+    response = requests.post(secured.url + "/v1/messages", json=messages, timeout=30)
+    assert response.status_code == 401
+    assert response.json() == {"type": "error", "error": {"type": "authentication_error", "message": "invalid or missing API key"}}
+    assert response.headers["request-id"]
+    response = requests.post(secured.url + "/v1/messages", json=messages, headers={"x-api-key": "key-one"}, timeout=30)
+    assert response.status_code == 200 and response.headers["request-id"] == response.json()["id"]

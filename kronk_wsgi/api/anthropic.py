@@ -232,6 +232,14 @@ def _stream(session: Session, head: dict) -> Iterator[str]:
     """message_start (the commit), content blocks, message_delta, message_stop."""
     blocks = 0
     text_open = False
+
+    def close_text() -> Iterator[str]:
+        nonlocal blocks, text_open
+        if text_open:
+            yield sse({"type": "content_block_stop", "index": blocks}, "content_block_stop")
+            blocks += 1
+            text_open = False
+
     try:
         yield sse({"type": "message_start", "message": head}, "message_start")
         for event in session:
@@ -242,12 +250,8 @@ def _stream(session: Session, head: dict) -> Iterator[str]:
                     text_open = True
                 delta = {"type": "content_block_delta", "index": blocks, "delta": {"type": "text_delta", "text": event.text}}
                 yield sse(delta, "content_block_delta")
-                continue
-            if text_open:
-                yield sse({"type": "content_block_stop", "index": blocks}, "content_block_stop")
-                blocks += 1
-                text_open = False
-            if isinstance(event, ToolCall):
+            elif isinstance(event, ToolCall):
+                yield from close_text()
                 start = {"type": "content_block_start", "index": blocks, "content_block": _tool_use(event, {})}
                 yield sse(start, "content_block_start")
                 delta = {"type": "input_json_delta", "partial_json": event.arguments}
@@ -257,6 +261,7 @@ def _stream(session: Session, head: dict) -> Iterator[str]:
             elif isinstance(event, KeepAlive):
                 yield PING
             elif isinstance(event, Finished):
+                yield from close_text()
                 delta = {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence}
                 usage = _usage(event.usage.prompt_tokens, event.usage.completion_tokens)
                 yield sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")

@@ -2,7 +2,8 @@
 
 Faults come from the environment of the server process:
 KRONK_TEST_STEP_DELAY (seconds per decoded token), KRONK_TEST_PREFILL_DELAY
-(seconds per prefill chunk), KRONK_TEST_FAIL_AFTER (raise after N decoded tokens).
+(seconds per prefill chunk), KRONK_TEST_FAIL_AFTER (raise after N decoded tokens),
+KRONK_TEST_NO_EOS=1 (never end by EOS: for protocols without logit_bias).
 Used for fault injection only; every other test runs the plain engine.
 """
 
@@ -25,6 +26,7 @@ class FaultySlot(CTransformersSlot):
         self.step_delay = float(os.environ.get("KRONK_TEST_STEP_DELAY", "0"))
         self.prefill_delay = float(os.environ.get("KRONK_TEST_PREFILL_DELAY", "0"))
         self.fail_after = int(os.environ.get("KRONK_TEST_FAIL_AFTER", "-1"))
+        self.no_eos = os.environ.get("KRONK_TEST_NO_EOS") == "1"
         self.prompt_length = 0
 
     def prefill(self, tokens, cancelled=lambda: False, chunk=32):
@@ -40,6 +42,10 @@ class FaultySlot(CTransformersSlot):
         else:
             sleep(self.prefill_delay)
         super()._eval(tokens, n_past)
+
+
+    def is_eos(self, token: int) -> bool:
+        return not self.no_eos and super().is_eos(token)
 
 
 class FaultyEngine(CTransformersEngine):

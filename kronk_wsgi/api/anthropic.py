@@ -11,8 +11,8 @@ from pydantic import Field
 from ..engine.sampling import SamplingParams
 from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall
 from ..serving.session import Session
-from .errors import ApiError, anthropic_error_body
-from .generation import get_model, render_chat, start_generation
+from .errors import anthropic_error_body
+from .generation import get_model, render_chat, run_to_end, start_generation
 from .schemas import FunctionName, Strict, parse_body, template_tool, template_tool_call
 from .sse import event_stream, sse
 from .state import record
@@ -275,25 +275,16 @@ def _stream(session: Session, head: dict) -> Iterator[str]:
 
 def _whole(session: Session, head: dict):
     """Run the session to its end and answer with one message object."""
+    output, finished = run_to_end(session)
     content: list[dict] = []
-    try:
-        for event in session:
-            if isinstance(event, TextDelta):
-                if content and content[-1]["type"] == "text":
-                    content[-1]["text"] += event.text
-                else:
-                    content.append({"type": "text", "text": event.text})
-            elif isinstance(event, ToolCall):
-                content.append(_tool_use(event, json.loads(event.arguments)))
-            elif isinstance(event, Finished):
-                return jsonify({
-                    **head, "content": content, "stop_reason": _stop_reason(event),
-                    "stop_sequence": event.stop_sequence,
-                    "usage": _usage(event.usage.prompt_tokens, event.usage.completion_tokens),
-                })
-            elif isinstance(event, Failed):
-                status = 504 if event.code == "timeout" else 500
-                raise ApiError(status, event.message, code=event.code)
-    finally:
-        session.close()
-    raise ApiError(499, "client closed the connection")
+    for event in output:
+        if isinstance(event, ToolCall):
+            content.append(_tool_use(event, json.loads(event.arguments)))
+        elif content and content[-1]["type"] == "text":
+            content[-1]["text"] += event.text
+        else:
+            content.append({"type": "text", "text": event.text})
+    return jsonify({
+        **head, "content": content, "stop_reason": _stop_reason(finished), "stop_sequence": finished.stop_sequence,
+        "usage": _usage(finished.usage.prompt_tokens, finished.usage.completion_tokens),
+    })

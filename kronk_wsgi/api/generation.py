@@ -13,6 +13,7 @@ from flask import request
 
 from ..engine.chat_template import ChatTemplateError
 from ..engine.sampling import SamplingParams
+from ..serving.events import Event, Failed, Finished, KeepAlive
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
 from ..serving.session import EmbeddingJob, GenerationJob, Job, Session
 from ..serving.tool_calls import forced_opening, syntax_of
@@ -127,6 +128,26 @@ def start_embedding(model_id: str, inputs: list[str], param: str) -> Session:
         return EmbeddingJob(token_lists)
 
     return _start(model_id, job)
+
+
+def run_to_end(session: Session) -> tuple[list[Event], Finished]:
+    """Run a session whose answer is not streamed: its output events and how it finished.
+
+    An engine failure becomes a 500 (the request timeout a 504), a client
+    that left a 499; the session is closed in every case.
+    """
+    output: list[Event] = []
+    try:
+        for event in session:
+            if isinstance(event, Finished):
+                return output, event
+            if isinstance(event, Failed):
+                raise ApiError(504 if event.code == "timeout" else 500, event.message, code=event.code)
+            if not isinstance(event, KeepAlive):
+                output.append(event)
+    finally:
+        session.close()
+    raise ApiError(499, "client closed the connection")
 
 
 def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:

@@ -8,8 +8,7 @@ from flask import Blueprint, jsonify
 
 from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall, Usage
 from ..serving.session import Session
-from .errors import ApiError
-from .generation import start_generation
+from .generation import run_to_end, start_generation
 from .schemas import ChatCompletionRequest, parse_body
 from .sse import DONE, KEEPALIVE_COMMENT, event_stream, sse
 from .state import record
@@ -118,26 +117,15 @@ def _stream(session: Session, model: str, completion_id: str, created: int, incl
 
 def _whole(session: Session, model: str, completion_id: str, created: int):
     """Run the session to its end and answer with one chat.completion object."""
-    text, calls = [], []
-    try:
-        for event in session:
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ToolCall):
-                calls.append(_tool_call(event, len(calls)))
-            elif isinstance(event, Finished):
-                message = {"role": "assistant", "content": "".join(text) if text or not calls else None, "refusal": None}
-                if calls:
-                    message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
-                return jsonify({
-                    "id": completion_id, "object": "chat.completion", "created": created, "model": model,
-                    "system_fingerprint": FINGERPRINT,
-                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": event.reason}],
-                    "usage": usage_body(event.usage),
-                })
-            elif isinstance(event, Failed):
-                status = 504 if event.code == "timeout" else 500
-                raise ApiError(status, event.message, code=event.code)
-    finally:
-        session.close()
-    raise ApiError(499, "client closed the connection")
+    output, finished = run_to_end(session)
+    text = "".join(e.text for e in output if isinstance(e, TextDelta))
+    calls = [_tool_call(e, i) for i, e in enumerate(e for e in output if isinstance(e, ToolCall))]
+    message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
+    if calls:
+        message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+    return jsonify({
+        "id": completion_id, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": FINGERPRINT,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finished.reason}],
+        "usage": usage_body(finished.usage),
+    })

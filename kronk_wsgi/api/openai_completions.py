@@ -10,8 +10,7 @@ from pydantic import Field
 
 from ..serving.events import Failed, Finished, KeepAlive, TextDelta
 from ..serving.session import Session
-from .errors import ApiError
-from .generation import start_generation
+from .generation import run_to_end, start_generation
 from .openai_chat import FINGERPRINT, failure_body, usage_body
 from .schemas import SamplingFields, StreamOptions, parse_body
 from .sse import DONE, KEEPALIVE_COMMENT, event_stream, sse
@@ -91,15 +90,6 @@ def _stream(session: Session, head: dict, include_usage: bool) -> Iterator[str]:
 
 
 def _whole(session: Session, head: dict):
-    text = []
-    try:
-        for event in session:
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, Finished):
-                return jsonify({**head, "choices": [_choice("".join(text), event.reason)], "usage": usage_body(event.usage)})
-            elif isinstance(event, Failed):
-                raise ApiError(504 if event.code == "timeout" else 500, event.message, code=event.code)
-    finally:
-        session.close()
-    raise ApiError(499, "client closed the connection")
+    output, finished = run_to_end(session)
+    text = "".join(e.text for e in output if isinstance(e, TextDelta))
+    return jsonify({**head, "choices": [_choice(text, finished.reason)], "usage": usage_body(finished.usage)})

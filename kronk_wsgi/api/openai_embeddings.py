@@ -8,9 +8,7 @@ import pydantic
 from flask import Blueprint, jsonify
 from pydantic import Field
 
-from ..serving.events import Embedding, Failed, Finished
-from .errors import ApiError
-from .generation import start_embedding
+from .generation import run_to_end, start_embedding
 from .schemas import Strict, parse_body
 
 bp = Blueprint("openai_embeddings", __name__)
@@ -43,18 +41,9 @@ def embeddings():
     """Embed one text or a list of texts."""
     body = parse_body(EmbeddingRequest)
     inputs = [body.input] if isinstance(body.input, str) else body.input
-    session = start_embedding(body.model, inputs, param="input")
-    data = []
-    try:
-        for event in session:
-            if isinstance(event, Embedding):
-                data.append({"object": "embedding", "index": event.index,
-                             "embedding": _encode(event.vector, body.encoding_format)})
-            elif isinstance(event, Finished):
-                usage = {"prompt_tokens": event.usage.prompt_tokens, "total_tokens": event.usage.prompt_tokens}
-                return jsonify({"object": "list", "data": data, "model": body.model, "usage": usage})
-            elif isinstance(event, Failed):
-                raise ApiError(504 if event.code == "timeout" else 500, event.message, code=event.code)
-    finally:
-        session.close()
-    raise ApiError(499, "client closed the connection")
+    output, finished = run_to_end(start_embedding(body.model, inputs, param="input"))
+    data = [
+        {"object": "embedding", "index": e.index, "embedding": _encode(e.vector, body.encoding_format)} for e in output
+    ]
+    usage = {"prompt_tokens": finished.usage.prompt_tokens, "total_tokens": finished.usage.prompt_tokens}
+    return jsonify({"object": "list", "data": data, "model": body.model, "usage": usage})

@@ -1,5 +1,6 @@
 """POST /v1/responses: OpenAI's Responses API, stateless, streamed or whole."""
 
+import itertools
 import time
 import uuid
 from typing import Annotated, Any, Iterator, Literal, Optional, Union
@@ -11,8 +12,7 @@ from pydantic import Discriminator, Field, Tag
 from ..engine.sampling import SamplingParams
 from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall, Usage
 from ..serving.session import Session
-from .errors import ApiError
-from .generation import start_generation
+from .generation import run_to_end, start_generation
 from .schemas import FunctionName, Strict, json_object, parse_body, template_tool, template_tool_call
 from .sse import KEEPALIVE_COMMENT, event_stream, sse
 from .state import record
@@ -307,28 +307,14 @@ class _Stream:
 
 def _whole(session: Session, base: dict):
     """Run the session to its end and answer with one response object."""
+    events, finished = run_to_end(session)
     output: list[dict] = []
-    text: list[str] = []
-
-    def close_message(status: str) -> None:
-        if text:
-            output.append(_message_item(_new_id("msg_"), "".join(text), status))
-            text.clear()
-
-    try:
-        for event in session:
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ToolCall):
-                close_message("completed")
-                output.append(_call_item(event, event.arguments, "completed"))
-            elif isinstance(event, Finished):
-                close_message("incomplete" if event.reason == "length" else "completed")
-                final = _final(base, output, event)
-                return jsonify({**final, "output_text": _output_text(output)})
-            elif isinstance(event, Failed):
-                status = 504 if event.code == "timeout" else 500
-                raise ApiError(status, event.message, code=event.code)
-    finally:
-        session.close()
-    raise ApiError(499, "client closed the connection")
+    groups = [(kind, list(group)) for kind, group in itertools.groupby(events, key=type)]
+    for position, (kind, group) in enumerate(groups):
+        if kind is ToolCall:
+            output.extend(_call_item(call, call.arguments, "completed") for call in group)
+        else:
+            cut_short = position == len(groups) - 1 and finished.reason == "length"
+            output.append(_message_item(_new_id("msg_"), "".join(e.text for e in group),
+                                        "incomplete" if cut_short else "completed"))
+    return jsonify({**_final(base, output, finished), "output_text": _output_text(output)})

@@ -32,7 +32,7 @@ def failure_body(event: Failed) -> dict:
     return {"error": {"message": event.message, "type": kind, "code": event.code, "param": None}}
 
 
-def tool_choice_of(choice) -> tuple[str, Optional[str]]:
+def _tool_choice(choice) -> tuple[str, Optional[str]]:
     """OpenAI's tool_choice as (mode, forced function name)."""
     if choice is None or isinstance(choice, str):
         return choice or "auto", None
@@ -43,7 +43,7 @@ def tool_choice_of(choice) -> tuple[str, Optional[str]]:
 def chat_completions():
     """Generate a chat reply."""
     body = parse_body(ChatCompletionRequest)
-    tool_choice, tool_name = tool_choice_of(body.tool_choice)
+    tool_choice, tool_name = _tool_choice(body.tool_choice)
     session = start_generation(
         body.model,
         messages=[m.for_template() for m in body.messages],

@@ -15,7 +15,8 @@ from ..engine.chat_template import ChatTemplateError
 from ..engine.sampling import SamplingParams
 from ..serving.events import Event, Failed, Finished, KeepAlive
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
-from ..serving.session import EmbeddingJob, GenerationJob, Job, Session
+from ..serving.jobs import EmbeddingJob, GenerationJob, Job
+from ..serving.session import Session
 from ..serving.tool_calls import forced_opening, syntax_of
 from .errors import ApiError, invalid, model_not_found
 from .state import record, state

@@ -1,120 +1,26 @@
 """One admitted job (a generation or embeddings) as a stream of neutral events.
 
-The decode loop runs in the model's worker thread and hands text over without
+The job runs in the model's worker thread and hands its events over without
 waiting; the greenlet waits on that hand-over, the keep-alive timer, the
 deadline and the client's socket, whichever comes first.
 """
 
 import dataclasses
 import inspect
-import itertools
 import time
-from typing import Callable, Generator, Iterator, Optional, Protocol
+from typing import Callable, Generator, Iterator, Optional
 
 import gevent.queue
-import numpy as np
 import structlog
 
 from ..engine.base import Cancelled, Slot
-from ..engine.generate import Generation
-from ..engine.sampling import SamplingParams
 from ..metrics import Metrics
 from .channel import ThreadChannel
-from .events import KEEPALIVE, Embedding, Event, Failed, Finished, TextDelta, ToolCall, Usage
+from .events import KEEPALIVE, Embedding, Event, Failed, Finished, TextDelta, ToolCall
+from .jobs import Job
 from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
-from .tool_calls import ToolCallParser, ToolCallSyntax
 
 log = structlog.get_logger("kronk_wsgi.session")
-
-
-class Job(Protocol):
-    """Work for one slot, run in the slot's worker thread as a stream of events ending in Finished."""
-
-    prompt_tokens: int
-
-    @property
-    def completion_tokens(self) -> int: ...
-
-    def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]: ...
-
-
-class GenerationJob:
-    """Generate text for one prompt; with a tool-call syntax, tool calls are parsed out of it.
-
-    ``reply_start`` is text at the end of the prompt that belongs to the reply
-    (the opening of a forced tool call): the parser reads it first. With
-    ``one_tool_call`` generation ends at the first tool call.
-    """
-
-    def __init__(
-        self,
-        prompt: list[int],
-        *,
-        max_tokens: int,
-        sampling: SamplingParams,
-        stop: tuple[str, ...] = (),
-        tool_syntax: Optional[ToolCallSyntax] = None,
-        reply_start: str = "",
-        one_tool_call: bool = False,
-    ) -> None:
-        self.prompt = prompt
-        self.prompt_tokens = len(prompt)
-        self.max_tokens = max_tokens
-        self.sampling = sampling
-        self.stop = stop
-        self.tool_syntax = tool_syntax
-        self.reply_start = reply_start
-        self.one_tool_call = one_tool_call
-        self._generation: Optional[Generation] = None
-
-    @property
-    def completion_tokens(self) -> int:
-        # A plain int the worker thread writes: reading it needs no lock.
-        return self._generation.completion_tokens if self._generation else 0
-
-    def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
-        generation = self._generation = Generation(
-            slot, self.prompt, max_tokens=self.max_tokens, context_length=context_length,
-            sampling=self.sampling, stop=self.stop, cancelled=cancelled,
-        )
-        if self.tool_syntax is None:
-            yield from map(TextDelta, generation)
-            yield Finished(generation.finish_reason, self._usage(), generation.stop_sequence)
-            return
-        parser = ToolCallParser(self.tool_syntax)
-        for text in itertools.chain([self.reply_start], generation):
-            for event in parser.feed(text):
-                yield event
-                if self.one_tool_call and isinstance(event, ToolCall):
-                    yield Finished("tool_calls", self._usage())
-                    return
-        yield from parser.flush()
-        reason = generation.finish_reason
-        if parser.calls and reason == "stop" and generation.stop_sequence is None:
-            reason = "tool_calls"
-        yield Finished(reason, self._usage(), generation.stop_sequence)
-
-    def _usage(self) -> Usage:
-        generation = self._generation
-        return Usage(self.prompt_tokens, generation.completion_tokens, generation.cached_tokens)
-
-
-class EmbeddingJob:
-    """Embed each input: the final hidden state of its last token, scaled to unit length."""
-
-    completion_tokens = 0
-
-    def __init__(self, inputs: list[list[int]]) -> None:
-        self.inputs = inputs
-        self.prompt_tokens = sum(len(tokens) for tokens in inputs)
-
-    def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
-        for index, tokens in enumerate(self.inputs):
-            slot.prefill(tokens, cancelled)
-            vector = slot.embedding()
-            norm = float(np.linalg.norm(vector))
-            yield Embedding(index, vector / norm if norm > 0 else vector)
-        yield Finished("stop", Usage(self.prompt_tokens, 0))
 
 
 @dataclasses.dataclass
@@ -198,7 +104,7 @@ class Session:
     def _run(self) -> Iterator[Event]:
         cancel = _Cancel()
         slot: Optional[Slot] = None
-        job = None
+        worker = None
         try:
             slot = yield from self._wait_for_slot()
             if slot is None:
@@ -206,19 +112,19 @@ class Session:
             self.stats.queue_wait = time.monotonic() - self.started
             self.metrics.queue_wait.labels(self.model.id).observe(self.stats.queue_wait)
             channel = ThreadChannel()
-            job = self.model.threads.spawn(_drive, self.job, slot, self.model.engine.context_length, cancel, channel)
+            worker = self.model.threads.spawn(_drive, self.job, slot, self.model.engine.context_length, cancel, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
-            job.rawlink(lambda _: self._job_done(slot, channel))
+            worker.rawlink(lambda _: self._worker_done(slot, channel))
             yield from self._relay(channel, cancel)
         finally:
             cancel.set = True
             self.stats.completion_tokens = self.job.completion_tokens
             if not self.stats.outcome:
                 self.stats.outcome = "client_gone"
-            if job is None:
+            if worker is None:
                 self._release(slot)
 
-    def _job_done(self, slot: Slot, channel: ThreadChannel) -> None:
+    def _worker_done(self, slot: Slot, channel: ThreadChannel) -> None:
         """The worker thread let go of the slot: only now may the channel close and the slot be reused."""
         channel.close()
         self.metrics.active_streams.labels(self.model.id).dec()

@@ -130,3 +130,28 @@ def test_engine_failure_without_stream_is_500_in_shape(failing, protocol):
     else:
         assert error["error"]["code"] == "engine_error"
     assert "injected" not in response.text
+
+
+@pytest.fixture(scope="module")
+def expiring(tiny_model, tmp_path_factory):
+    """0.2 s per token, no EOS, and a 1 s request timeout."""
+    env = faulty_env(tiny_model, KRONK_TEST_STEP_DELAY=0.2, KRONK_TEST_NO_EOS=1, KRONK_REQUEST_TIMEOUT=1)
+    with run_server(tmp_path_factory.mktemp("expiring"), env) as server:
+        yield server
+
+
+@pytest.mark.parametrize("protocol", ALL)
+def test_request_timeout_in_each_protocol(expiring, protocol):
+    raw = open_stream(expiring, protocol, 100)
+    frames = [f for _, f in raw.frames()]
+    raw.close()
+    last = frames[-1]
+    if protocol == "messages":
+        assert payload(last)["error"]["type"] == "timeout_error"
+    elif protocol == "responses":
+        assert "request timeout" in payload(last)["response"]["error"]["message"]
+    else:
+        assert payload(last)["error"]["code"] == "timeout"
+    response = post(expiring, protocol, 100)
+    assert response.status_code == 504
+    assert (response.json()["error"]["type"] == "timeout_error") == (protocol == "messages")

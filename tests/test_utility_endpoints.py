@@ -118,3 +118,11 @@ def test_unknown_model_everywhere(server):
                           ("/v1/tokenize", {"text": "x"}), ("/v1/detokenize", {"tokens": [1]})]:
         response = requests.post(server.url + path, json={"model": "nope", **payload}, timeout=30)
         assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+
+
+def test_developer_messages_are_system_messages_to_the_template(server):
+    def count(role):
+        messages = [{"role": role, "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        return server.post("/v1/tokenize", {"model": "tiny", "messages": messages}).json()["tokens"]
+
+    assert count("developer") == count("system")

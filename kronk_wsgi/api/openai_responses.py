@@ -13,7 +13,7 @@ from ..engine.sampling import SamplingParams
 from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall, Usage
 from ..serving.session import Session
 from .generation import run_to_end, start_generation
-from .schemas import FunctionName, Strict, json_object, parse_body, template_tool, template_tool_call
+from .schemas import FunctionName, Strict, json_object, parse_body, template_role, template_tool, template_tool_call
 from .sse import KEEPALIVE_COMMENT, event_stream, sse
 from .state import record
 
@@ -139,7 +139,7 @@ class ResponsesRequest(Strict):
             return messages + [{"role": "user", "content": self.input}]
         for item in self.input:
             if isinstance(item, MessageItem):
-                messages.append({"role": item.role, "content": item.text()})
+                messages.append({"role": template_role(item.role), "content": item.text()})
             elif isinstance(item, FunctionCallItem):
                 call = template_tool_call(item.call_id, item.name, json_object(item.arguments, "arguments"))
                 if not messages or messages[-1]["role"] != "assistant":

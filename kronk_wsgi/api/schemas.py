@@ -36,6 +36,11 @@ def json_object(text: str, what: str) -> dict[str, Any]:
     return value
 
 
+def template_role(role: str) -> str:
+    """OpenAI's "developer" role is what chat templates call "system"."""
+    return "system" if role == "developer" else role
+
+
 def template_tool(name: str, description: Optional[str], parameters: Optional[dict]) -> dict:
     """A tool as chat templates take it (the Hugging Face convention)."""
     function: dict[str, Any] = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}
@@ -97,7 +102,7 @@ class ChatMessage(Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def for_template(self) -> dict:
-        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        message: dict[str, Any] = {"role": template_role(self.role), "content": self.text()}
         if self.tool_calls:
             message["tool_calls"] = [
                 template_tool_call(c.id, c.function.name, json.loads(c.function.arguments)) for c in self.tool_calls

@@ -299,7 +299,7 @@ class _Stream:
         yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
                           delta=call.arguments)
         yield self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                          arguments=call.arguments, name=call.name)
+                          arguments=call.arguments)
         item = _call_item(call, call.arguments, "completed")
         yield self._event("response.output_item.done", output_index=index, item=item)
         self.output.append(item)

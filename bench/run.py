@@ -78,6 +78,38 @@ def one_stream(url: str, tokens: int, prompt: str = PROMPT) -> dict:
             "completion_tokens": usage["completion_tokens"], "seconds": end - started}
 
 
+# Per protocol: path, body, is this event text, the output token count if this event carries it.
+PROTOCOLS = {
+    "messages": (
+        "/v1/messages", lambda n: {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": n},
+        lambda e: e["type"] == "content_block_delta",
+        lambda e: e["usage"]["output_tokens"] if e["type"] == "message_delta" else None,
+    ),
+    "responses": (
+        "/v1/responses", lambda n: {"input": PROMPT, "max_output_tokens": n},
+        lambda e: e["type"] == "response.output_text.delta",
+        lambda e: e["response"]["usage"]["output_tokens"] if e["type"] in ("response.completed", "response.incomplete") else None,
+    ),
+}
+
+
+def protocol_stream(url: str, protocol: str, tokens: int) -> dict:
+    """Tokens/s of one stream in another protocol (no logit_bias there: EOS may end it early)."""
+    path, body, is_text, count = PROTOCOLS[protocol]
+    first = None
+    completion = 0
+    with requests.post(url + path, json={"model": "bench", "stream": True, **body(tokens)}, stream=True, timeout=600) as response:
+        for line in response.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if first is None and is_text(event):
+                first = time.perf_counter()
+            completion = count(event) or completion
+    end = time.perf_counter()
+    return {"tokens_per_s": (completion - 1) / (end - first), "completion_tokens": completion}
+
+
 def streams_with_liveness(url: str, tokens: int, streams: int) -> dict:
     """``streams`` concurrent streams; /v1/liveness polled back to back meanwhile."""
     results: list = [None] * streams
@@ -117,6 +149,8 @@ def main() -> None:
     with run_server(workdir, {**env, "KRONK_PARALLEL": "1"}) as server:
         one_stream(server.url, 20, "warm up")  # a different prompt: the measured one finds no cached prefix
         results["server_1_stream"] = one_stream(server.url, args.tokens)
+        for protocol in PROTOCOLS:
+            results[f"server_{protocol}"] = protocol_stream(server.url, protocol, args.tokens)
     with run_server(workdir, {**env, "KRONK_PARALLEL": "2"}) as server:
         one_stream(server.url, 20, "warm up")
         results["parallel2_1_stream"] = streams_with_liveness(server.url, args.tokens, 1)
@@ -129,6 +163,8 @@ def main() -> None:
         ("engine alone, tokens/s", f"{e['tokens_per_s']:.0f}"),
         ("one SSE stream through gunicorn, tokens/s", f"{s['tokens_per_s']:.0f}"),
         ("server / engine rate (goal >= 0.95)", f"{s['tokens_per_s'] / e['tokens_per_s']:.3f}"),
+        *[(f"one {protocol} stream / engine rate ({results[f'server_{protocol}']['completion_tokens']} tokens)",
+           f"{results[f'server_{protocol}']['tokens_per_s'] / e['tokens_per_s']:.3f}") for protocol in PROTOCOLS],
         (f"raw prefill of {e['prompt_tokens']} tokens + first token, ms", f"{1000 * e['first_token_s']:.1f}"),
         ("time to first token through the server, ms", f"{1000 * s['ttft_s']:.1f}"),
         ("liveness p50 / p99 during 2 streams, ms (goal p99 <= 50)",

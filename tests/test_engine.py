@@ -37,7 +37,8 @@ def test_tokenize_never_truncates(engine):
     text = "😀🎉 世界 ÿ"
     tokens = engine.tokenize(text)
     assert len(tokens) > len(text) + 1
-    assert engine.detokenize(tokens).decode("utf-8").strip() == text
+    assert engine.detokenize(tokens).decode("utf-8") == text
+    assert engine.detokenize(engine.tokenize(" two  spaces ", add_bos=False)) == " two  spaces ".encode()
 
 
 def test_context_length_is_the_files(engine):

@@ -97,7 +97,7 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        """Tokens to the bytes they stand for."""
+        """The text ``tokenize`` made these tokens from, as bytes (so detokenize(tokenize(t)) == t)."""
 
     @abc.abstractmethod
     def new_slot(self, threads: int) -> Slot:

@@ -108,7 +108,9 @@ class CTransformersEngine(Engine):
         return buffer[:n]
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return b"".join(self._tokenizer.ctransformers_llm_detokenize(t) or b"" for t in tokens)
+        data = b"".join(self._tokenizer.ctransformers_llm_detokenize(t) or b"" for t in tokens)
+        # SentencePiece (llama) puts a space before the text it tokenizes; its decode leaves it out.
+        return data[1:] if self._add_bos and data.startswith(b" ") else data
 
     def new_slot(self, threads: int) -> CTransformersSlot:
         return self.slot_class(_load(self._path, self._model_type, self.context_length), threads)

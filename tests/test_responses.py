@@ -95,7 +95,7 @@ BAD = [
     (body(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]), 400, "input[0].arguments"),
     (body(previous_response_id="resp_1"), 400, None),
     (body(store=True), 400, None),
-    (body(tools=[{"type": "function", "name": "f", "parameters": {}, "strict": True}]), 400, None),
+    (body(tools=[{"type": "function", "name": "f", "parameters": {"type": 5}}]), 400, "tools"),
     (body(tools=[{"type": "web_search"}]), 400, "tools[0].type"),
     (body(tool_choice="auto"), 400, None),
     (body(max_output_tokens=0), 400, "max_output_tokens"),
@@ -121,6 +121,3 @@ def test_stateless_refusals_say_why(server):
     assert "previous_response_id" in message and "keeps no responses" in message
     message = requests.post(server.url + RESPONSES, json=body(store=True), timeout=30).json()["error"]["message"]
     assert "store" in message
-    tools = [{"type": "function", "name": "f", "parameters": {}, "strict": True}]
-    message = requests.post(server.url + RESPONSES, json=body(tools=tools), timeout=30).json()["error"]["message"]
-    assert "strict" in message

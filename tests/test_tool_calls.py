@@ -6,13 +6,13 @@ import pytest
 
 from kronk_wsgi.engine.chat_template import ChatTemplate
 from kronk_wsgi.serving.events import TextDelta, ToolCall
-from kronk_wsgi.serving.tool_calls import HERMES, MISTRAL, ToolCallParser, forced_opening, syntax_of
+from kronk_wsgi.serving.tool_calls import HERMES, MISTRAL, ToolCallParser, ToolCallRules, forced_opening, syntax_of
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 
 
-def parse(syntax, pieces):
-    parser = ToolCallParser(syntax)
+def parse(syntax, pieces, accept=lambda name, arguments: True):
+    parser = ToolCallParser(ToolCallRules(syntax, accept))
     events = [e for piece in pieces for e in parser.feed(piece)] + parser.flush()
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
@@ -56,6 +56,14 @@ def test_malformed_calls_stay_text(text):
 @pytest.mark.parametrize("pieces", splits('[TOOL_CALLS][{"name": "a", "arguments": {"q": "x"}}, {"name": "b", "arguments": {}}]'))
 def test_mistral_calls_run_to_the_end(pieces):
     assert parse(MISTRAL, pieces) == ("", [("a", {"q": "x"}), ("b", {})], 2)
+
+
+def test_calls_the_tools_do_not_accept_stay_text():
+    only_a = lambda name, arguments: name == "a" and arguments == {}  # noqa: E731
+    text = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    assert parse(HERMES, [text], only_a) == ('<tool_call>{"name": "b", "arguments": {}}</tool_call>', [("a", {})], 1)
+    both = '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "a", "arguments": {"x": 1}}]'
+    assert parse(MISTRAL, [both], only_a) == (both, [], 0)  # one body: all of it is a call, or none
 
 
 def test_text_around_a_call_keeps_its_inner_whitespace():

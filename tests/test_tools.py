@@ -108,6 +108,36 @@ def test_malformed_or_unwanted_calls_stay_text(say, oa):
         assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == (CALL, None, "stop")
 
 
+def test_strict_tools_take_only_arguments_their_schema_validates(say, oa):
+    strict = [{"type": "function", "function": {"name": "get_weather", "parameters": {**WEATHER, "additionalProperties": False}, "strict": True}}]
+    say(CALL)
+    choice = oa.chat.completions.create(model="tiny", messages=ASK, tools=strict).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    wrong = CALL.replace('"city": "Paris"', '"city": 5')
+    say(wrong)
+    choice = oa.chat.completions.create(model="tiny", messages=ASK, tools=strict).choices[0]
+    assert (choice.message.content, choice.message.tool_calls, choice.finish_reason) == (wrong, None, "stop")
+    choice = oa.chat.completions.create(model="tiny", messages=ASK, tools=CHAT_TOOLS).choices[0]  # not strict
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": 5}
+    # Responses tools are strict unless they say otherwise.
+    response = oa.responses.create(model="tiny", input="Weather?", tools=[{**RESPONSES_TOOLS[0], "strict": None}])
+    assert [item.type for item in response.output] == ["message"] and response.output_text == wrong
+
+
+def test_calls_to_unknown_tools_stay_text(say, oa):
+    unknown = CALL.replace("get_weather", "launch_rockets")
+    say(unknown)
+    choice = oa.chat.completions.create(model="tiny", messages=ASK, tools=CHAT_TOOLS).choices[0]
+    assert (choice.message.content, choice.message.tool_calls) == (unknown, None)
+
+
+def test_strict_tool_with_a_broken_schema_is_400(oa):
+    broken = [{"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}, "strict": True}}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oa.chat.completions.create(model="tiny", messages=ASK, tools=broken)
+    assert caught.value.body["param"] == "tools" and "JSON Schema" in caught.value.body["message"]
+
+
 def test_anthropic_tool_use(say, an):
     say("Let me check.\n" + CALL)
     message = an.messages.create(model="tiny", max_tokens=128, messages=ASK, tools=ANTHROPIC_TOOLS)

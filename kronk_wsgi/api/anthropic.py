@@ -100,6 +100,7 @@ class Tool(Strict):
     name: FunctionName
     description: Optional[str] = None
     input_schema: dict[str, Any]
+    strict: bool = False
     type: Optional[Literal["custom"]] = None
     cache_control: Optional[CacheControl] = None
 
@@ -158,6 +159,9 @@ class CountTokensRequest(Strict):
             return None
         return [template_tool(t.name, t.description, t.input_schema) for t in self.tools]
 
+    def strict_tools(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tools or () if t.strict)
+
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[int, Field(ge=1)]
@@ -198,6 +202,7 @@ def messages():
         messages=body.template_messages(),
         prompt_param="messages",
         tools=body.template_tools(),
+        strict_tools=body.strict_tools(),
         tool_choice={None: "auto", "auto": "auto", "none": "none"}.get(choice and choice.type, "required"),
         tool_name=choice.name if isinstance(choice, ToolChoiceTool) else None,
         one_tool_call=getattr(choice, "disable_parallel_tool_use", False),

@@ -9,15 +9,17 @@ import socket
 import time
 from typing import Callable, Optional
 
+import jsonschema
+import jsonschema.protocols
 from flask import request
 
 from ..engine.chat_template import ChatTemplateError
 from ..engine.sampling import SamplingParams
 from ..serving.events import Event, Failed, Finished, KeepAlive
-from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
+from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
 from ..serving.session import Session
-from ..serving.tool_calls import forced_opening, syntax_of
+from ..serving.tool_calls import ToolCallRules, forced_opening, syntax_of
 from .errors import ApiError, invalid, model_not_found
 from .state import record, state
 
@@ -70,6 +72,7 @@ def start_generation(
     text: Optional[str] = None,
     prompt_param: str,
     tools: Optional[list[dict]] = None,
+    strict_tools: frozenset[str] = frozenset(),
     tool_choice: str = "auto",
     tool_name: Optional[str] = None,
     one_tool_call: bool = False,
@@ -84,17 +87,22 @@ def start_generation(
     ``text``. With ``tools``, tool calls are parsed out of the reply unless
     ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
     reply inside a tool call, and ``one_tool_call`` ends it after the first.
+    A call is taken only if it names one of the tools and, for the
+    ``strict_tools``, its arguments validate against the tool's schema.
     """
     if tool_name is not None and tool_name not in {t["function"]["name"] for t in tools or ()}:
         raise invalid(f"tool_choice names {tool_name!r}, which is not among the tools", param="tool_choice")
+    accept = _accept_calls(tools or [], strict_tools)
 
     def job(model: LoadedModel) -> GenerationJob:
         params = sampling(model)
         prompt = text if messages is None else render_chat(model, messages, tools)
-        syntax = syntax_of(model.template.source) if tools and tool_choice != "none" else None
+        rules = None
         reply_start = ""
-        if syntax is not None and (tool_choice == "required" or tool_name is not None):
-            reply_start = forced_opening(syntax, tool_name)
+        if tools and tool_choice != "none":
+            rules = ToolCallRules(syntax_of(model.template.source), accept)
+            if tool_choice == "required" or tool_name is not None:
+                reply_start = forced_opening(rules.syntax, tool_name)
         tokens = model.tokenize(prompt + reply_start)
         context = model.engine.context_length
         if len(tokens) + (max_tokens or 1) > context:
@@ -106,10 +114,31 @@ def start_generation(
             )
         return GenerationJob(
             tokens, max_tokens=max_tokens or context - len(tokens), sampling=params, stop=stop,
-            tool_syntax=syntax, reply_start=reply_start, one_tool_call=one_tool_call,
+            tool_rules=rules, reply_start=reply_start, one_tool_call=one_tool_call,
         )
 
     return _start(model_id, job)
+
+
+def _accept_calls(tools: list[dict], strict_tools: frozenset[str]) -> Callable[[str, dict], bool]:
+    """Which calls the tools take: a known name, and for a strict tool, arguments its schema validates."""
+    checks: dict[str, Optional[jsonschema.protocols.Validator]] = {}  # None: any arguments
+    for tool in tools:
+        name, schema = tool["function"]["name"], tool["function"]["parameters"]
+        if name not in strict_tools:
+            checks[name] = None
+            continue
+        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        try:
+            validator.check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise invalid(f"the parameters of tool {name!r} are not a valid JSON Schema: {exc.message}", param="tools") from None
+        checks[name] = validator(schema)
+
+    def accept(name: str, arguments: dict) -> bool:
+        return name in checks and (checks[name] is None or checks[name].is_valid(arguments))
+
+    return accept
 
 
 def start_embedding(model_id: str, inputs: list[str], param: str) -> Session:

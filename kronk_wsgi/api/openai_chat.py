@@ -49,6 +49,7 @@ def chat_completions():
         messages=[m.for_template() for m in body.messages],
         prompt_param="messages",
         tools=body.template_tools(),
+        strict_tools=body.strict_tools(),
         tool_choice=tool_choice,
         tool_name=tool_name,
         one_tool_call=body.parallel_tool_calls is False,

@@ -125,8 +125,6 @@ class ResponsesRequest(Strict):
             raise ValueError("previous_response_id is not supported: this server keeps no responses; send the whole input")
         if self.store:
             raise ValueError("store must be false: this server keeps no responses")
-        if any(tool.strict for tool in self.tools or ()):
-            raise ValueError("strict function tools are not supported: set strict to false")
         if self.tool_choice is not None and not self.tools:
             raise ValueError("tool_choice needs tools")
         return self
@@ -153,6 +151,10 @@ class ResponsesRequest(Strict):
         if not self.tools:
             return None
         return [template_tool(t.name, t.description, t.parameters) for t in self.tools]
+
+    def strict_tools(self) -> frozenset[str]:
+        # strict is on unless the tool turns it off, as in OpenAI's Responses API
+        return frozenset(t.name for t in self.tools or () if t.strict is not False)
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p)
@@ -190,6 +192,7 @@ def responses():
         messages=body.template_messages(),
         prompt_param="input",
         tools=body.template_tools(),
+        strict_tools=body.strict_tools(),
         tool_choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
         tool_name=None if choice is None or isinstance(choice, str) else choice.name,
         one_tool_call=body.parallel_tool_calls is False,

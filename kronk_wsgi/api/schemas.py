@@ -58,7 +58,7 @@ class FunctionDefinition(Strict):
     name: FunctionName
     description: Optional[str] = None
     parameters: Optional[dict[str, Any]] = None
-    strict: Optional[Literal[False]] = None  # schema-enforced arguments need constrained decoding: not offered
+    strict: Optional[bool] = None
 
 
 class ChatTool(Strict):
@@ -184,6 +184,9 @@ class ChatCompletionRequest(SamplingFields):
         if not self.tools:
             return None
         return [template_tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools]
+
+    def strict_tools(self) -> frozenset[str]:
+        return frozenset(t.function.name for t in self.tools or () if t.function.strict)
 
     @property
     def token_limit(self) -> Optional[int]:

@@ -13,7 +13,7 @@ from ..engine.base import Slot
 from ..engine.generate import Generation
 from ..engine.sampling import SamplingParams
 from .events import Embedding, Event, Finished, TextDelta, ToolCall, Usage
-from .tool_calls import ToolCallParser, ToolCallSyntax
+from .tool_calls import ToolCallParser, ToolCallRules
 
 
 class Job(Protocol):
@@ -28,7 +28,7 @@ class Job(Protocol):
 
 
 class GenerationJob:
-    """Generate text for one prompt; with a tool-call syntax, tool calls are parsed out of it.
+    """Generate text for one prompt; with tool-call rules, tool calls are parsed out of it.
 
     ``reply_start`` is text at the end of the prompt that belongs to the reply
     (the opening of a forced tool call): the parser reads it first. With
@@ -42,7 +42,7 @@ class GenerationJob:
         max_tokens: int,
         sampling: SamplingParams,
         stop: tuple[str, ...] = (),
-        tool_syntax: Optional[ToolCallSyntax] = None,
+        tool_rules: Optional[ToolCallRules] = None,
         reply_start: str = "",
         one_tool_call: bool = False,
     ) -> None:
@@ -51,7 +51,7 @@ class GenerationJob:
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.stop = stop
-        self.tool_syntax = tool_syntax
+        self.tool_rules = tool_rules
         self.reply_start = reply_start
         self.one_tool_call = one_tool_call
         self._generation: Optional[Generation] = None
@@ -66,11 +66,11 @@ class GenerationJob:
             slot, self.prompt, max_tokens=self.max_tokens, context_length=context_length,
             sampling=self.sampling, stop=self.stop, cancelled=cancelled,
         )
-        if self.tool_syntax is None:
+        if self.tool_rules is None:
             yield from map(TextDelta, generation)
             yield Finished(generation.finish_reason, self._usage(), generation.stop_sequence)
             return
-        parser = ToolCallParser(self.tool_syntax)
+        parser = ToolCallParser(self.tool_rules)
         for text in itertools.chain([self.reply_start], generation):
             for event in parser.feed(text):
                 yield event

@@ -3,13 +3,15 @@
 Two conventions are understood: Hermes-style ``<tool_call>{json}</tool_call>``
 (ChatML templates such as Qwen's and the built-in one) and Mistral's
 ``[TOOL_CALLS][{json}, ...]``, chosen by what the template itself contains.
-Text that looks like a tool call but does not parse stays plain text.
+Text that looks like a tool call but does not parse, or that the request's
+tools do not accept (an unknown name, arguments against a strict schema),
+stays plain text.
 """
 
 import dataclasses
 import json
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
 from .events import TextDelta, ToolCall
 
@@ -40,7 +42,15 @@ def forced_opening(syntax: ToolCallSyntax, name: Optional[str]) -> str:
     return opening + (f'{{"name": {json.dumps(name)}, "arguments": ' if name else "")
 
 
-def _parse_calls(body: str) -> Optional[list[ToolCall]]:
+@dataclasses.dataclass(frozen=True)
+class ToolCallRules:
+    """What to parse out of one reply: the template's syntax, and which calls the request's tools take."""
+
+    syntax: ToolCallSyntax
+    accept: Callable[[str, dict], bool]  # (name, arguments)
+
+
+def _parse_calls(body: str, accept: Callable[[str, dict], bool]) -> Optional[list[ToolCall]]:
     """The calls in one tool-call body (an object or a list of them); None if it is not one."""
     try:
         value = json.loads(body)
@@ -56,7 +66,7 @@ def _parse_calls(body: str) -> Optional[list[ToolCall]]:
                 arguments = json.loads(arguments)
             except ValueError:
                 return None
-        if not isinstance(arguments, dict):
+        if not isinstance(arguments, dict) or not accept(item["name"], arguments):
             return None
         calls.append(ToolCall(uuid.uuid4().hex[:24], item["name"], json.dumps(arguments, ensure_ascii=False)))
     return calls or None
@@ -69,8 +79,9 @@ class ToolCallParser:
     known not to be one; the body of a call is held until its closing tag.
     """
 
-    def __init__(self, syntax: ToolCallSyntax) -> None:
-        self.syntax = syntax
+    def __init__(self, rules: ToolCallRules) -> None:
+        self.syntax = rules.syntax
+        self.accept = rules.accept
         self.calls = 0
         self._pending = ""
         self._inside = False
@@ -121,7 +132,7 @@ class ToolCallParser:
         return out
 
     def _body(self, body: str, raw: str, out: list) -> None:
-        calls = _parse_calls(body.strip())
+        calls = _parse_calls(body.strip(), self.accept)
         if calls is None:
             self._text(raw, out)
             return

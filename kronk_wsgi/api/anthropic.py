@@ -281,14 +281,10 @@ def _stream(session: Session, head: dict) -> Iterator[str]:
 def _whole(session: Session, head: dict):
     """Run the session to its end and answer with one message object."""
     output, finished = run_to_end(session)
-    content: list[dict] = []
-    for event in output:
-        if isinstance(event, ToolCall):
-            content.append(_tool_use(event, json.loads(event.arguments)))
-        elif content and content[-1]["type"] == "text":
-            content[-1]["text"] += event.text
-        else:
-            content.append({"type": "text", "text": event.text})
+    content = [
+        _tool_use(e, json.loads(e.arguments)) if isinstance(e, ToolCall) else {"type": "text", "text": e.text}
+        for e in output
+    ]
     return jsonify({
         **head, "content": content, "stop_reason": _stop_reason(finished), "stop_sequence": finished.stop_sequence,
         "usage": _usage(finished.usage.prompt_tokens, finished.usage.completion_tokens),

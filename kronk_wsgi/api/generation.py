@@ -15,7 +15,7 @@ from flask import request
 
 from ..engine.chat_template import ChatTemplateError
 from ..engine.sampling import SamplingParams
-from ..serving.events import Event, Failed, Finished, KeepAlive
+from ..serving.events import Event, Failed, Finished, KeepAlive, TextDelta
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
 from ..serving.session import Session
@@ -163,7 +163,7 @@ def start_embedding(model_id: str, inputs: list[str], param: str) -> Session:
 def run_to_end(session: Session) -> tuple[list[Event], Finished]:
     """Run a session whose answer is not streamed: its output events and how it finished.
 
-    An engine failure becomes a 500 (the request timeout a 504), a client
+    Consecutive text deltas come back merged into one. An engine failure becomes a 500 (the request timeout a 504), a client
     that left a 499; the session is closed in every case.
     """
     output: list[Event] = []
@@ -173,7 +173,9 @@ def run_to_end(session: Session) -> tuple[list[Event], Finished]:
                 return output, event
             if isinstance(event, Failed):
                 raise ApiError(504 if event.code == "timeout" else 500, event.message, code=event.code)
-            if not isinstance(event, KeepAlive):
+            if isinstance(event, TextDelta) and output and isinstance(output[-1], TextDelta):
+                output[-1] = TextDelta(output[-1].text + event.text)
+            elif not isinstance(event, KeepAlive):
                 output.append(event)
     finally:
         session.close()

@@ -1,6 +1,5 @@
 """POST /v1/responses: OpenAI's Responses API, stateless, streamed or whole."""
 
-import itertools
 import time
 import uuid
 from typing import Annotated, Any, Iterator, Literal, Optional, Union
@@ -312,12 +311,10 @@ def _whole(session: Session, base: dict):
     """Run the session to its end and answer with one response object."""
     events, finished = run_to_end(session)
     output: list[dict] = []
-    groups = [(kind, list(group)) for kind, group in itertools.groupby(events, key=type)]
-    for position, (kind, group) in enumerate(groups):
-        if kind is ToolCall:
-            output.extend(_call_item(call, call.arguments, "completed") for call in group)
+    for position, event in enumerate(events):
+        if isinstance(event, ToolCall):
+            output.append(_call_item(event, event.arguments, "completed"))
         else:
-            cut_short = position == len(groups) - 1 and finished.reason == "length"
-            output.append(_message_item(_new_id("msg_"), "".join(e.text for e in group),
-                                        "incomplete" if cut_short else "completed"))
+            cut_short = position == len(events) - 1 and finished.reason == "length"
+            output.append(_message_item(_new_id("msg_"), event.text, "incomplete" if cut_short else "completed"))
     return jsonify({**_final(base, output, finished), "output_text": _output_text(output)})

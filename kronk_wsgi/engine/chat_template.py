@@ -101,7 +101,8 @@ def _compile(source: str) -> tuple[jinja2.Template, frozenset[str]]:
     env.globals["raise_exception"] = _raise_exception
     env.filters["tojson"] = _tojson
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env.from_string(source), frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+    tree = env.parse(source)
+    return env.from_string(tree), frozenset(jinja2.meta.find_undeclared_variables(tree))
 
 
 class ChatTemplate:

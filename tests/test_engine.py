@@ -10,6 +10,7 @@ from kronk_wsgi.engine.demo_model import write_demo_model
 from kronk_wsgi.engine.generate import Generation, StopScanner
 from kronk_wsgi.engine.gguf_file import BadModelFile, read_gguf
 from kronk_wsgi.engine.sampling import Sampler, SamplingParams
+from kronk_wsgi.engine.tokenizer import GGUFTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,9 @@ def test_demo_model_is_deterministic(tmp_path, tiny_model):
     assert again.read_bytes() == tiny_model.read_bytes()
     info = read_gguf(tiny_model)
     assert info.architecture == "llama" and info.context_length == 2048
-    assert info.chat_template and info.bos_token == "<s>" and info.eos_token == "</s>"
+    tokenizer = GGUFTokenizer(info)
+    assert info.chat_template and tokenizer.token_text(tokenizer.bos_id) == "<s>"
+    assert tokenizer.token_text(tokenizer.eos_id) == "</s>" and tokenizer.end_ids == {2}
 
 
 def test_truncated_file_is_refused(tmp_path, tiny_model):
@@ -35,10 +38,10 @@ def test_truncated_file_is_refused(tmp_path, tiny_model):
 def test_tokenize_never_truncates(engine):
     # Byte-fallback tokens outnumber characters: ctransformers' own tokenize overflows here.
     text = "😀🎉 世界 ÿ"
-    tokens = engine.tokenize(text)
+    tokens = engine.tokenizer.prompt(text)
     assert len(tokens) > len(text) + 1
-    assert engine.detokenize(tokens).decode("utf-8") == text
-    assert engine.detokenize(engine.tokenize(" two  spaces ", add_bos=False)) == " two  spaces ".encode()
+    assert engine.tokenizer.decode(tokens).decode("utf-8") == text
+    assert engine.tokenizer.decode(engine.tokenizer.encode(" two  spaces ")) == " two  spaces ".encode()
 
 
 def test_context_length_is_the_files(engine):
@@ -47,8 +50,8 @@ def test_context_length_is_the_files(engine):
 
 def test_prefix_is_reused_between_prompts(engine):
     slot = engine.new_slot(1)
-    first = engine.tokenize("The model server streams tokens to many clients")
-    second = engine.tokenize("The model server streams tokens to many clients and more")
+    first = engine.tokenizer.prompt("The model server streams tokens to many clients")
+    second = engine.tokenizer.prompt("The model server streams tokens to many clients and more")
     assert slot.prefill(first) == 0
     reused = slot.prefill(second)
     assert reused == len(first)
@@ -63,13 +66,14 @@ def test_prefill_is_cancellable_between_chunks(engine):
     slot = engine.new_slot(1)
     calls = []
     with pytest.raises(Cancelled):
-        slot.prefill(engine.tokenize("word " * 100), cancelled=lambda: calls.append(1) or len(calls) > 2, chunk=8)
+        slot.prefill(engine.tokenizer.prompt("word " * 100), cancelled=lambda: calls.append(1) or len(calls) > 2, chunk=8)
     assert len(slot.cached) == 16  # two chunks in, then stopped
 
 
 def generate(engine, slot, **kwargs):
-    prompt = engine.tokenize("Hello")
-    params = dict(max_tokens=20, context_length=engine.context_length, sampling=SamplingParams(seed=1))
+    prompt = engine.tokenizer.prompt("Hello")
+    params = dict(tokenizer=engine.tokenizer, end_ids=engine.tokenizer.end_ids, max_tokens=20,
+                  context_length=engine.context_length, sampling=SamplingParams(seed=1))
     params.update(kwargs)
     generation = Generation(slot, prompt, **params)
     return "".join(generation), generation
@@ -89,7 +93,7 @@ def test_length_at_the_context_window(engine, tiny_model):
     text, generation = generate(small, slot, max_tokens=1000, context_length=64, sampling=SamplingParams(seed=1, logit_bias=bias))
     assert generation.finish_reason == "length"
     assert len(slot.cached) == 64  # filled, never past the window
-    assert generation.completion_tokens == 64 - len(small.tokenize("Hello")) + 1
+    assert generation.completion_tokens == 64 - len(small.tokenizer.prompt("Hello")) + 1
 
 
 def test_stop_scanner_holds_back_partial_matches():
@@ -104,13 +108,15 @@ def test_stop_scanner_holds_back_partial_matches():
 
 def test_utf8_is_never_split(engine, monkeypatch):
     slot = engine.new_slot(1)
-    emoji = engine.tokenize("😀", add_bos=False)
-    byte_tokens = [t for t in emoji if len(slot.token_bytes(t)) == 1 and slot.token_bytes(t)[0] >= 0x80]
+    piece = engine.tokenizer.piece
+    emoji = engine.tokenizer.encode("😀")
+    byte_tokens = [t for t in emoji if len(piece(t)) == 1 and piece(t)[0] >= 0x80]
     assert len(byte_tokens) == 4  # the emoji is four byte tokens
     forced = iter(byte_tokens)
     monkeypatch.setattr(Sampler, "sample", lambda self, logits: next(forced))
     generation = Generation(
-        slot, engine.tokenize("Hello"), max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0)
+        slot, engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=engine.tokenizer.end_ids,
+        max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0),
     )
     assert list(generation) == ["😀"]  # one delta: no half characters on the way
 
@@ -144,7 +150,7 @@ def test_samplers_do_not_share_randomness():
 
 def test_chat_template_sandbox_and_errors():
     template = ChatTemplate.for_model(None, None, "<s>", "</s>")
-    text = template.render([{"role": "user", "content": "hi"}])
+    text = template.render([{"role": "user", "content": "hi"}]).text
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     evil = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ChatTemplateError):
@@ -153,4 +159,4 @@ def test_chat_template_sandbox_and_errors():
     with pytest.raises(ChatTemplateError, match="first must be user"):
         strict.render([{"role": "assistant", "content": "x"}])
     llama2 = ChatTemplate.for_model("llama2", "ignored", "<s>", "</s>")
-    assert llama2.render([{"role": "user", "content": "hi"}]) == "[INST] hi [/INST]"
+    assert llama2.render([{"role": "user", "content": "hi"}]).text == "<s>[INST] hi [/INST]"

@@ -230,7 +230,7 @@ def count_tokens():
     body = parse_body(CountTokensRequest)
     model = get_model(body.model)
     prompt = render_chat(model, body.template_messages(), body.template_tools())
-    return jsonify({"input_tokens": len(model.tokenize(prompt))})
+    return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
 
 
 def _stream(session: Session, head: dict) -> Iterator[str]:

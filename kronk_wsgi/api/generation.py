@@ -13,7 +13,7 @@ import jsonschema
 import jsonschema.protocols
 from flask import request
 
-from ..engine.chat_template import ChatTemplateError
+from ..engine.chat_template import ChatTemplateError, RenderedPrompt
 from ..engine.sampling import SamplingParams
 from ..serving.events import Event, Failed, Finished, KeepAlive, TextDelta
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
@@ -55,8 +55,8 @@ def get_model(model_id: str) -> LoadedModel:
         raise ApiError(503, str(exc), code="model_unavailable") from None
 
 
-def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[dict]]) -> str:
-    """Prompt text from the model's chat template; 400 if the template cannot take these messages or tools."""
+def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[dict]]) -> RenderedPrompt:
+    """The prompt from the model's chat template; 400 if the template cannot take these messages or tools."""
     if tools and not model.template.supports_tools:
         raise invalid(f"the chat template of model {model.id!r} does not support tools", param="tools")
     try:
@@ -96,14 +96,14 @@ def start_generation(
 
     def job(model: LoadedModel) -> GenerationJob:
         params = sampling(model)
-        prompt = text if messages is None else render_chat(model, messages, tools)
+        prompt = RenderedPrompt(text) if messages is None else render_chat(model, messages, tools)
         rules = None
         reply_start = ""
         if tools and tool_choice != "none":
             rules = ToolCallRules(syntax_of(model.template.source), accept)
             if tool_choice == "required" or tool_name is not None:
                 reply_start = forced_opening(rules.syntax, tool_name)
-        tokens = model.tokenize(prompt + reply_start)
+        tokens = model.tokenize(prompt.text + reply_start, inert=prompt.inert)
         context = model.engine.context_length
         if len(tokens) + (max_tokens or 1) > context:
             raise invalid(
@@ -113,7 +113,8 @@ def start_generation(
                 code="context_length_exceeded",
             )
         return GenerationJob(
-            tokens, max_tokens=max_tokens or context - len(tokens), sampling=params, stop=stop,
+            tokens, tokenizer=model.engine.tokenizer, end_ids=model.end_ids,
+            max_tokens=max_tokens or context - len(tokens), sampling=params, stop=stop,
             tool_rules=rules, reply_start=reply_start, one_tool_call=one_tool_call,
         )
 

@@ -55,7 +55,7 @@ def chat_completions():
         one_tool_call=body.parallel_tool_calls is False,
         max_tokens=body.token_limit,
         max_tokens_param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
-        sampling=lambda model: body.sampling(model.engine.vocab_size),
+        sampling=lambda model: body.sampling(model.engine.tokenizer.vocab_size),
         stop=body.stop_sequences(),
     )
     completion_id = record().response_id = "chatcmpl-" + uuid.uuid4().hex

@@ -48,7 +48,7 @@ def completions():
         prompt_param="prompt",
         max_tokens=body.max_tokens,
         max_tokens_param="max_tokens",
-        sampling=lambda model: body.sampling(model.engine.vocab_size),
+        sampling=lambda model: body.sampling(model.engine.tokenizer.vocab_size),
         stop=body.stop_sequences(),
     )
     head = {

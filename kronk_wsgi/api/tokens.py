@@ -18,7 +18,8 @@ class TokenizeRequest(Strict):
     text: Optional[str] = None
     messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
     tools: Optional[list[ChatTool]] = None
-    add_special: bool = True
+    add_special: bool = True  # BOS (and EOS) as the model asks
+    parse_special: bool = True  # control-token text in ``text`` becomes control tokens
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "TokenizeRequest":
@@ -39,11 +40,12 @@ def tokenize():
     """Tokens of a text, or of chat messages rendered by the model's chat template."""
     body = parse_body(TokenizeRequest)
     model = get_model(body.model)
-    text = body.text
-    if body.messages is not None:
+    if body.messages is None:
+        tokens = model.tokenize(body.text, add_special=body.add_special, parse_special=body.parse_special)
+    else:
         tools = [template_tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
-        text = render_chat(model, [m.for_template() for m in body.messages], tools)
-    tokens = model.tokenize(text, add_bos=body.add_special)
+        prompt = render_chat(model, [m.for_template() for m in body.messages], tools)
+        tokens = model.tokenize(prompt.text, add_special=body.add_special, inert=prompt.inert)
     return jsonify({"tokens": tokens, "count": len(tokens), "max_context_length": model.engine.context_length})
 
 
@@ -52,7 +54,7 @@ def detokenize():
     """The text some tokens stand for."""
     body = parse_body(DetokenizeRequest)
     model = get_model(body.model)
-    vocab = model.engine.vocab_size
+    vocab = model.engine.tokenizer.vocab_size
     for index, token in enumerate(body.tokens):
         if token >= vocab:
             raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})", param=f"tokens[{index}]")

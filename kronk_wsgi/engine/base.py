@@ -1,8 +1,9 @@
 """The engine interface: what the serving core needs from a C-backed model.
 
-An ``Engine`` is one loaded model file. It tokenizes and hands out ``Slot``s;
-a slot is an independent inference instance with its own KV cache. Each
-object is used by one OS thread at a time: the serving core guarantees it.
+An ``Engine`` is one loaded model file. It has the model's tokenizer and
+hands out ``Slot``s; a slot is an independent inference instance with its own
+KV cache, fed token ids only. Each slot is used by one OS thread at a time:
+the serving core guarantees it.
 A second backend (say llama-cpp-python) implements these two classes and
 nothing above the engine layer changes.
 """
@@ -11,6 +12,8 @@ import abc
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+
+from .tokenizer import Tokenizer
 
 
 class EngineError(Exception):
@@ -38,14 +41,6 @@ class Slot(abc.ABC):
     @abc.abstractmethod
     def embedding(self) -> np.ndarray:
         """The model's final hidden state for the last evaluated token (a copy, float32)."""
-
-    @abc.abstractmethod
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes one token stands for."""
-
-    @abc.abstractmethod
-    def is_eos(self, token: int) -> bool:
-        """Whether ``token`` ends generation."""
 
     def prefill(
         self,
@@ -82,22 +77,12 @@ class Slot(abc.ABC):
 
 
 class Engine(abc.ABC):
-    """One loaded model: its vocabulary, its limits, and its slots."""
+    """One loaded model: its tokenizer, its limits, and its slots."""
 
     name: str
     context_length: int
-    vocab_size: int
-    bos_token: str
-    eos_token: str
-    chat_template: Optional[str]
-
-    @abc.abstractmethod
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        """Text to tokens, never truncated."""
-
-    @abc.abstractmethod
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        """The text ``tokenize`` made these tokens from, as bytes (so detokenize(tokenize(t)) == t)."""
+    tokenizer: Tokenizer
+    chat_template: Optional[str]  # the file's own, if it has one
 
     @abc.abstractmethod
     def new_slot(self, threads: int) -> Slot:

@@ -3,12 +3,21 @@
 Templates come from model files, which are data, not trusted code: they run in
 Jinja's immutable sandbox. Models that ship none get a built-in template,
 selectable per model in the configuration.
+
+The template's own markers (``<|im_start|>``) become control tokens when the
+prompt is tokenized; the same text inside a message must not. Before
+rendering, every control token's text found in what the client sent (contents,
+names, tool calls, tool definitions) gets an ``inert`` character inside it, one
+that occurs nowhere in the request: the tokenizer does not see a control token
+there, and removes the character before it tokenizes that text as plain text.
 """
 
 import datetime
 import functools
+import itertools
 import json
-from typing import Any, Optional
+import re
+from typing import Any, Iterable, NamedTuple, Optional
 
 import jinja2
 import jinja2.meta
@@ -80,6 +89,18 @@ BUILTIN_TEMPLATES = {
 DEFAULT_TEMPLATE = "chatml"
 
 
+class RenderedPrompt(NamedTuple):
+    """Prompt text, and the character that marks control-token text from messages as plain (None: no such text)."""
+
+    text: str
+    inert: Optional[str] = None
+
+
+# Characters no real text uses: Unicode's noncharacters, then the private use area.
+_INERT_CANDIDATES = "".join(chr(c) for c in itertools.chain(range(0xFDD0, 0xFDF0), range(0xE000, 0xF900)))
+_PROBE = "\ufdd0kronk-probe\ufdd1"
+
+
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered by this template (its message says why)."""
 
@@ -108,7 +129,9 @@ def _compile(source: str) -> tuple[jinja2.Template, frozenset[str]]:
 class ChatTemplate:
     """A compiled chat template with the model's special tokens."""
 
-    def __init__(self, source: str, bos_token: str = "<s>", eos_token: str = "</s>") -> None:
+    def __init__(
+        self, source: str, bos_token: str = "<s>", eos_token: str = "</s>", control_tokens: Iterable[str] = (),
+    ) -> None:
         try:
             self._template, names = _compile(source)
         except jinja2.TemplateSyntaxError as exc:
@@ -117,23 +140,44 @@ class ChatTemplate:
         self.supports_tools = "tools" in names
         self.bos_token = bos_token
         self.eos_token = eos_token
+        marked = sorted((t for t in control_tokens if len(t) > 1), key=len, reverse=True)
+        self._control = re.compile("|".join(map(re.escape, marked))) if marked else None
 
     @classmethod
-    def for_model(cls, configured: Optional[str], from_file: Optional[str], bos: str, eos: str) -> "ChatTemplate":
+    def for_model(
+        cls, configured: Optional[str], from_file: Optional[str], bos: str, eos: str, control_tokens: Iterable[str] = (),
+    ) -> "ChatTemplate":
         """The configured template (a built-in name or Jinja text), else the file's, else the default."""
         source = configured or from_file or DEFAULT_TEMPLATE
-        return cls(BUILTIN_TEMPLATES.get(source, source), bos, eos)
+        return cls(BUILTIN_TEMPLATES.get(source, source), bos, eos, control_tokens)
 
-    def render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None) -> str:
-        """Prompt text for ``messages``, ending where the assistant's reply begins.
+    def render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None) -> RenderedPrompt:
+        """Prompt text for ``messages``, ending where the assistant's reply begins."""
+        inert = None
+        if self._control is not None:
+            inert = _inert_for(json.dumps([messages, tools], ensure_ascii=False))
+            messages, tools = self._mark(messages, inert), self._mark(tools, inert)
+        return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True), inert)
 
-        A leading BOS token is removed: the tokenizer adds it.
-        """
+    def closing_token(self) -> Optional[str]:
+        """The control token this template closes an assistant turn with (such as ``<|im_end|>``), if any."""
+        if self._control is None:
+            return None
+        messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": _PROBE}]
         try:
-            text = self._template.render(
+            text = self._render(messages, None, add_generation_prompt=False)
+        except ChatTemplateError:
+            return None
+        _, found, after = text.partition(_PROBE)
+        match = self._control.match(after.lstrip()) if found else None
+        return match.group() if match else None
+
+    def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(
                 messages=messages,
                 tools=tools,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
@@ -141,6 +185,21 @@ class ChatTemplate:
             raise
         except Exception as exc:  # a template can fail in any way on odd input
             raise ChatTemplateError(f"chat template failed on these messages: {exc}") from None
-        if self.bos_token and text.startswith(self.bos_token):
-            text = text[len(self.bos_token) :]
-        return text
+
+    def _mark(self, value: Any, inert: str) -> Any:
+        """``value`` with ``inert`` inside every control token's text in its strings (keys included)."""
+        if isinstance(value, str):
+            return self._control.sub(lambda m: m.group()[0] + inert + m.group()[1:], value)
+        if isinstance(value, dict):
+            return {self._mark(k, inert): self._mark(v, inert) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._mark(item, inert) for item in value]
+        return value
+
+
+def _inert_for(text: str) -> str:
+    """A character that does not occur in ``text``."""
+    for candidate in _INERT_CANDIDATES:
+        if candidate not in text:
+            return candidate
+    raise ChatTemplateError("the messages use every private-use character; they cannot be rendered safely")

@@ -1,10 +1,10 @@
 """The ctransformers engine: GGUF (llama, falcon) and legacy GGML models.
 
 Only the C functions of ctransformers' library are used, never its Python
-generation loop, because of the traps listed in ENGINE-FACTS.md: the shared
+generation loop, because of the traps listed in docs/ENGINES.rst: the shared
 library is resolved once (no CPU probe per load), the context length is always
-passed, tokenizing gets a buffer sized from the UTF-8 length, and positions are
-tracked here so a slot's cache prefix survives between requests.
+passed, and positions are tracked here so a slot's cache prefix survives
+between requests. GGUF files are tokenized by kronk_wsgi's own tokenizer.
 """
 
 import ctypes
@@ -18,7 +18,10 @@ from ctransformers.llm import LLM, Config
 from ctransformers.lib import find_library
 
 from .base import Engine, EngineError, Slot
+from .ctransformers_files import compatible_file
+from .demo_model import cache_dir
 from .gguf_file import is_gguf, read_gguf
+from .tokenizer import GGUFTokenizer, Tokenizer
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,44 +76,69 @@ class CTransformersSlot(Slot):
             raise EngineError("this model does not give embeddings")
         return np.ctypeslib.as_array(self._llm.ctransformers_llm_embeddings_data(), shape=(size,)).copy()
 
-    def token_bytes(self, token: int) -> bytes:
-        return self._llm.ctransformers_llm_detokenize(token) or b""
 
-    def is_eos(self, token: int) -> bool:
-        return bool(self._llm.ctransformers_llm_is_eos_token(token))
+class CTokenizer(Tokenizer):
+    """A legacy GGML file's tokenizer, in the C library: such files carry no metadata to build one from.
+
+    They have no control tokens, so ``specials`` changes nothing.
+    """
+
+    def __init__(self, llm: LLM) -> None:
+        self._llm = llm  # used by one thread at a time: the model's tokenizer thread
+        self.vocab_size = llm.ctransformers_llm_vocab_size()
+        self.bos_id, self.eos_id = llm.bos_token_id, llm.eos_token_id
+        self.add_bos = llm.model_type == "llama"
+        self.add_eos = False
+        self.end_ids = frozenset({self.eos_id})
+        self.control = {}
+        self._pieces = [llm.ctransformers_llm_detokenize(t) or b"" for t in range(self.vocab_size)]
+
+    def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
+        data = (text.replace(inert, "") if inert else text).encode("utf-8")
+        # One token per byte at most, plus SentencePiece's leading space.
+        buffer = (ctypes.c_int * (len(data) + 4))()
+        return buffer[: self._llm.ctransformers_llm_tokenize(data, False, buffer)]
+
+    def piece(self, token: int) -> bytes:
+        return self._pieces[token]
+
+    def decode(self, tokens: Sequence[int]) -> bytes:
+        data = b"".join(self._pieces[t] for t in tokens)
+        return data[1:] if self.add_bos and data.startswith(b" ") else data
+
+    def token_text(self, token: Optional[int]) -> str:
+        return "" if token is None else self._pieces[token].decode("utf-8", "replace")
 
 
 class CTransformersEngine(Engine):
-    """A model file loaded through ctransformers."""
+    """A model file loaded through ctransformers.
+
+    A GGUF file is checked first (an unsupported one raises UnsupportedModel
+    before the engine sees it), tokenized by kronk_wsgi from its metadata, and
+    given to the engine as it is or as its prepared copy.
+    """
 
     slot_class = CTransformersSlot
 
     def __init__(self, name: str, path: Path, context_length: Optional[int] = None, model_type: Optional[str] = None):
         self.name = name
-        self._path = path
         self._model_type = model_type
-        info = read_gguf(path) if is_gguf(path) else None
-        self.chat_template = info.chat_template if info else None
-        self.bos_token = info.bos_token if info else "<s>"
-        self.eos_token = info.eos_token if info else "</s>"
-        file_context = info.context_length if info else None
+        if is_gguf(path):
+            model = read_gguf(path)
+            self._path = compatible_file(model, cache_dir())
+            self.tokenizer = GGUFTokenizer(model)
+            self.chat_template = model.chat_template
+            file_context = model.context_length
+        else:
+            self._path = path
+            # This instance only tokenizes: it never evaluates, so it needs no real cache.
+            self.tokenizer = CTokenizer(_load(path, model_type, 8))
+            self.chat_template = None
+            file_context = None
         self.context_length = int(context_length or file_context or 2048)
-        # This instance only tokenizes: it never evaluates, so it needs no real cache.
-        self._tokenizer = _load(path, model_type, 8)
-        self.vocab_size = self._tokenizer.ctransformers_llm_vocab_size()
-        self._add_bos = self._tokenizer.model_type == "llama"
-
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        # One token per byte at most, plus BOS and SentencePiece's leading space.
-        buffer = (ctypes.c_int * (len(data) + 4))()
-        n = self._tokenizer.ctransformers_llm_tokenize(data, add_bos and self._add_bos, buffer)
-        return buffer[:n]
-
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        data = b"".join(self._tokenizer.ctransformers_llm_detokenize(t) or b"" for t in tokens)
-        # SentencePiece (llama) puts a space before the text it tokenizes; its decode leaves it out.
-        return data[1:] if self._add_bos and data.startswith(b" ") else data
 
     def new_slot(self, threads: int) -> CTransformersSlot:
-        return self.slot_class(_load(self._path, self._model_type, self.context_length), threads)
+        llm = _load(self._path, self._model_type, self.context_length)
+        if llm.ctransformers_llm_vocab_size() != self.tokenizer.vocab_size:
+            raise EngineError(f"{self._path.name}: the engine's vocabulary differs from the file's tokenizer")
+        return self.slot_class(llm, threads)

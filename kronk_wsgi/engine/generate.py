@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from .base import Cancelled, Slot
 from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
 
 
 class StopScanner:
@@ -49,7 +50,9 @@ class StopScanner:
 class Generation:
     """One request's generation on one slot; iterate it for text deltas.
 
-    After iteration ``finish_reason`` is "stop" (EOS or a stop sequence) or
+    Generation stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
+    which never reach the text. After iteration ``finish_reason`` is "stop"
+    (an end token or a stop sequence) or
     "length" (max_tokens or the context window), ``stop_sequence`` is the stop
     sequence that ended it, if one did, and ``completion_tokens`` counts the
     sampled tokens. ``Cancelled`` propagates when ``cancelled()``
@@ -61,6 +64,8 @@ class Generation:
         slot: Slot,
         prompt: list[int],
         *,
+        tokenizer: Tokenizer,
+        end_ids: frozenset[int],
         max_tokens: int,
         context_length: int,
         sampling: SamplingParams,
@@ -69,6 +74,8 @@ class Generation:
     ) -> None:
         self.slot = slot
         self.prompt = prompt
+        self.tokenizer = tokenizer
+        self.end_ids = end_ids
         self.max_tokens = max_tokens
         self.context_length = context_length
         self.sampling = sampling
@@ -87,11 +94,11 @@ class Generation:
         stops = StopScanner(self.stop)
         while True:
             token = sampler.sample(slot.logits())
-            if slot.is_eos(token):
+            if token in self.end_ids:
                 self.finish_reason = "stop"
                 break
             self.completion_tokens += 1
-            text, stopped = stops.feed(decoder.decode(slot.token_bytes(token)))
+            text, stopped = stops.feed(decoder.decode(self.tokenizer.piece(token)))
             if text:
                 yield text
             if stopped:

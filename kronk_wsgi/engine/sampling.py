@@ -1,7 +1,7 @@
 """Choosing the next token from logits, in Python, with a per-request RNG.
 
 ctransformers' C sampler reseeds on every call and divides by zero at
-temperature 0 (ENGINE-FACTS trap 4); sampling here avoids both and gives
+temperature 0 (docs/ENGINES.rst); sampling here avoids both and gives
 min_p, presence/frequency penalties and logit_bias as well.
 """
 

@@ -12,6 +12,7 @@ import numpy as np
 from ..engine.base import Slot
 from ..engine.generate import Generation
 from ..engine.sampling import SamplingParams
+from ..engine.tokenizer import Tokenizer
 from .events import Embedding, Event, Finished, TextDelta, ToolCall, Usage
 from .tool_calls import ToolCallParser, ToolCallRules
 
@@ -39,6 +40,8 @@ class GenerationJob:
         self,
         prompt: list[int],
         *,
+        tokenizer: Tokenizer,
+        end_ids: frozenset[int],
         max_tokens: int,
         sampling: SamplingParams,
         stop: tuple[str, ...] = (),
@@ -48,6 +51,8 @@ class GenerationJob:
     ) -> None:
         self.prompt = prompt
         self.prompt_tokens = len(prompt)
+        self.tokenizer = tokenizer
+        self.end_ids = end_ids
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.stop = stop
@@ -63,7 +68,8 @@ class GenerationJob:
 
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
         generation = self._generation = Generation(
-            slot, self.prompt, max_tokens=self.max_tokens, context_length=context_length,
+            slot, self.prompt, tokenizer=self.tokenizer, end_ids=self.end_ids, max_tokens=self.max_tokens,
+            context_length=context_length,
             sampling=self.sampling, stop=self.stop, cancelled=cancelled,
         )
         if self.tool_rules is None:

@@ -1,7 +1,7 @@
 """Loaded models, their slots and worker threads, and admission to them."""
 
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import gevent
 import gevent.event
@@ -60,13 +60,17 @@ class LoadedModel:
 
     Every engine call runs in one of this model's OS threads, never in a
     greenlet: slot work in ``threads`` (one per slot), tokenizing in
-    ``tokenizer`` (one thread, so the engine's tokenizer is never shared).
+    ``tokenizer`` (one thread, so a tokenizer is never shared). Generation
+    ends at ``end_ids``: the tokenizer's end tokens and the control token the
+    chat template closes a turn with.
     """
 
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int) -> None:
         self.id = model_id
         self.engine = engine
         self.template = template
+        closing = engine.tokenizer.control.get(template.closing_token() or "")
+        self.end_ids = engine.tokenizer.end_ids | ({closing} if closing is not None else set())
         self.created = int(time.time())
         self.threads = ThreadPool(len(slots))
         self.tokenizer = ThreadPool(1)
@@ -75,11 +79,15 @@ class LoadedModel:
             self.free_slots.put(slot)
         self._places = gevent.lock.BoundedSemaphore(places)
 
-    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.tokenizer.apply(self.engine.tokenize, (text, add_bos))
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 inert: Optional[str] = None) -> list[int]:
+        """Token ids of ``text``: a whole prompt (BOS and EOS as the model asks) unless not ``add_special``."""
+        tokenizer = self.engine.tokenizer
+        encode = tokenizer.prompt if add_special else tokenizer.encode
+        return self.tokenizer.apply(encode, (text, parse_special, inert))
 
     def detokenize(self, tokens: list[int]) -> bytes:
-        return self.tokenizer.apply(self.engine.detokenize, (tokens,))
+        return self.tokenizer.apply(self.engine.tokenizer.decode, (tokens,))
 
     def admit(self, timeout: float, client_gone: Callable[[], bool]) -> Lease:
         """Wait up to ``timeout`` seconds for a place; Overloaded or ClientGone otherwise."""
@@ -144,5 +152,9 @@ class ModelPool:
     def _load(self, model_id: str, spec: ModelSpec) -> tuple[Engine, ChatTemplate, list[Slot]]:
         """Runs in a worker thread: the engine, its chat template and its slots."""
         engine = load_engine(model_id, spec)
-        template = ChatTemplate.for_model(spec.chat_template, engine.chat_template, engine.bos_token, engine.eos_token)
+        tokenizer = engine.tokenizer
+        template = ChatTemplate.for_model(
+            spec.chat_template, engine.chat_template, tokenizer.token_text(tokenizer.bos_id),
+            tokenizer.token_text(tokenizer.eos_id), tokenizer.control,
+        )
         return engine, template, [engine.new_slot(self.settings.effective_threads) for _ in range(self.settings.parallel)]

@@ -26,7 +26,6 @@ class FaultySlot(CTransformersSlot):
         self.step_delay = float(os.environ.get("KRONK_TEST_STEP_DELAY", "0"))
         self.prefill_delay = float(os.environ.get("KRONK_TEST_PREFILL_DELAY", "0"))
         self.fail_after = int(os.environ.get("KRONK_TEST_FAIL_AFTER", "-1"))
-        self.no_eos = os.environ.get("KRONK_TEST_NO_EOS") == "1"
         self.prompt_length = 0
 
     def prefill(self, tokens, cancelled=lambda: False, chunk=32):
@@ -44,9 +43,10 @@ class FaultySlot(CTransformersSlot):
         super()._eval(tokens, n_past)
 
 
-    def is_eos(self, token: int) -> bool:
-        return not self.no_eos and super().is_eos(token)
-
-
 class FaultyEngine(CTransformersEngine):
     slot_class = FaultySlot
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if os.environ.get("KRONK_TEST_NO_EOS") == "1":
+            self.tokenizer.end_ids = frozenset()

@@ -15,6 +15,8 @@ from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine, CTransfo
 
 
 class ScriptedSlot(CTransformersSlot):
+    tokenizer = None  # set by ScriptedEngine
+
     def prefill(self, tokens, cancelled=lambda: False, chunk=32):
         self._start = len(tokens)
         self._script = self._tokens(Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text())
@@ -22,8 +24,8 @@ class ScriptedSlot(CTransformersSlot):
 
     def _tokens(self, text: str) -> list[int]:
         """The script as one token per byte (the vocabulary has all 256), then EOS."""
-        by_bytes = {self.token_bytes(t): t for t in reversed(range(self._n_vocab))}
-        return [by_bytes[bytes([b])] for b in text.encode()] + [self._llm.eos_token_id]
+        by_bytes = {self.tokenizer.piece(t): t for t in reversed(range(self._n_vocab))}
+        return [by_bytes[bytes([b])] for b in text.encode()] + [self.tokenizer.eos_id]
 
     def logits(self) -> np.ndarray:
         real = super().logits()
@@ -35,3 +37,8 @@ class ScriptedSlot(CTransformersSlot):
 
 class ScriptedEngine(CTransformersEngine):
     slot_class = ScriptedSlot
+
+    def new_slot(self, threads: int) -> ScriptedSlot:
+        slot = super().new_slot(threads)
+        slot.tokenizer = self.tokenizer
+        return slot

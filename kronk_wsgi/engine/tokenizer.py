@@ -1,0 +1,251 @@
+"""The model's own tokenizer, built from a GGUF file's tokenizer metadata.
+
+Two vocabulary kinds are understood, as llama.cpp reads them:
+``llama`` (SentencePiece: word pieces with scores, "▁" for spaces, byte
+tokens "<0xAB>") and ``gpt2`` (byte-level BPE with merges, after the
+pre-tokenizer ``tokenizer.ggml.pre`` names). Merging is done by the
+``tokenizers`` library; this module decides what it merges.
+
+Control tokens (token type 3, such as ``<|im_start|>``) are never produced by
+merging. ``encode(text, specials=True)`` turns their exact text into their
+ids; with ``specials=False`` all text is plain. Text between two characters
+``inert`` marks is plain even in special mode: that is how text from a chat
+message keeps a control token's text as text (see ChatTemplate.render).
+"""
+
+import abc
+import functools
+import re
+from typing import Optional, Sequence
+
+import tokenizers
+from tokenizers import models, normalizers, pre_tokenizers
+
+from .gguf_file import BadModelFile, GGUFFile
+
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Control tokens that end a turn in every model that has them (as llama.cpp treats them).
+END_OF_GENERATION = frozenset({
+    "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
+    "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|return|>",
+})
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# tokenizer.ggml.pre -> (regexes applied one after another, whole words skip merging, BOS by default)
+PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
+    "default": ((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"), False, False),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), ((_LLAMA3,), True, True)),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), ((_LLAMA3,), False, False)),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
+                    ((r"\p{N}", _GPT2), False, False)),
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais"), ((_GPT2,), False, False)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"), ((_QWEN2,), False, False)),
+    "tekken": ((_TEKKEN,), True, True),
+    "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"), False, False),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: which byte each printable character stands for."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+def byte_level_bytes(text: str) -> Optional[bytes]:
+    """The bytes a byte-level token stands for; None if ``text`` is not byte-level."""
+    table = _byte_decoder()
+    try:
+        return bytes(table[c] for c in text)
+    except KeyError:
+        return None
+
+
+def _spm_merges(tokens: list[str], scores: Sequence[float], types: Sequence[int]) -> list[tuple[str, str]]:
+    """SentencePiece's greedy merging as BPE merges: each piece from its halves, best score first."""
+    ids = {t: i for i, t in enumerate(tokens) if types[i] in (NORMAL, USER_DEFINED)}
+    merges = []
+    for piece, i in ids.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in ids and right in ids:
+                merges.append((-float(scores[i]), ids[left], ids[right], left, right))
+    merges.sort()
+    return [(left, right) for *_, left, right in merges]
+
+
+class Tokenizer(abc.ABC):
+    """Text to token ids and back; what every engine's model is tokenized with."""
+
+    vocab_size: int
+    bos_id: Optional[int]
+    eos_id: Optional[int]
+    add_bos: bool  # prompts start with BOS
+    add_eos: bool  # prompts end with EOS
+    end_ids: frozenset[int]  # tokens that end generation
+    control: dict[str, int]  # control tokens by their text
+
+    @abc.abstractmethod
+    def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
+        """Token ids of ``text`` (no BOS added); see the module docstring for ``specials`` and ``inert``."""
+
+    @abc.abstractmethod
+    def piece(self, token: int) -> bytes:
+        """The bytes one generated token adds to the text."""
+
+    @abc.abstractmethod
+    def decode(self, tokens: Sequence[int]) -> bytes:
+        """The text ``prompt`` made these tokens from: control tokens as their text, but not an added BOS or EOS."""
+
+    @abc.abstractmethod
+    def token_text(self, token: Optional[int]) -> str:
+        """A token's text as the vocabulary spells it (for templates' bos_token and eos_token)."""
+
+    def prompt(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
+        """Token ids of a whole prompt: BOS (unless the text already starts with it) and EOS as the file asks."""
+        ids = self.encode(text, specials, inert)
+        if self.add_bos and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        if self.add_eos and ids[-1:] != [self.eos_id]:
+            ids.append(self.eos_id)
+        return ids
+
+
+class GGUFTokenizer(Tokenizer):
+    """The tokenizer a GGUF file describes, exactly as the model was trained."""
+
+    def __init__(self, gguf_file: GGUFFile) -> None:
+        get = gguf_file.get
+        self.kind = get("tokenizer.ggml.model")
+        tokens: list[str] = get("tokenizer.ggml.tokens") or []
+        if not tokens:
+            raise BadModelFile(f"{gguf_file.path.name}: no vocabulary (tokenizer.ggml.tokens)")
+        types = get("tokenizer.ggml.token_type")
+        types = [int(t) for t in types] if types is not None else [NORMAL] * len(tokens)
+        self.vocab_size = len(tokens)
+        self.pre = get("tokenizer.ggml.pre")
+        if self.kind == "llama":
+            model, normalizer, pre_tokenizer, add_bos = self._spm(gguf_file, tokens, types)
+        elif self.kind == "gpt2":
+            model, normalizer, pre_tokenizer, add_bos = self._bpe(gguf_file, tokens, types)
+        else:
+            raise BadModelFile(f"{gguf_file.path.name}: vocabulary kind {self.kind!r} is not supported (llama and gpt2 are)")
+        self._hf = tokenizers.Tokenizer(model)
+        if normalizer is not None:
+            self._hf.normalizer = normalizer
+        if pre_tokenizer is not None:
+            self._hf.pre_tokenizer = pre_tokenizer
+        user_defined = [tokens[i] for i, kind in enumerate(types) if kind == USER_DEFINED]
+        self._hf.add_tokens([tokenizers.AddedToken(t, normalized=False, special=False) for t in user_defined])
+
+        def special(key: str) -> Optional[int]:
+            value = get(f"tokenizer.ggml.{key}")
+            return int(value) if value is not None and 0 <= int(value) < len(tokens) else None
+
+        self.bos_id = special("bos_token_id")
+        self.eos_id = special("eos_token_id")
+        self.add_bos = bool(get("tokenizer.ggml.add_bos_token", add_bos)) and self.bos_id is not None
+        self.add_eos = bool(get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
+        self.texts = tokens
+        self.types = types
+        self.control = {tokens[i]: i for i, kind in enumerate(types) if kind == CONTROL}
+        by_length = sorted(self.control, key=len, reverse=True)
+        self._control_pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
+        ends = {self.eos_id, special("eot_token_id"), special("eom_token_id")}
+        ends |= {i for text, i in self.control.items() if text in END_OF_GENERATION}
+        self.end_ids = frozenset(i for i in ends if i is not None)
+        self._pieces = [self._piece_bytes(i) for i in range(len(tokens))]
+
+    def _spm(self, gguf_file: GGUFFile, tokens: list[str], types: list[int]):
+        scores = gguf_file.get("tokenizer.ggml.scores")
+        if scores is None:
+            raise BadModelFile(f"{gguf_file.path.name}: a llama vocabulary needs tokenizer.ggml.scores")
+        unk = next((tokens[i] for i, kind in enumerate(types) if kind == UNKNOWN), None)
+        model = models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)}, merges=_spm_merges(tokens, scores, types),
+            byte_fallback=True, unk_token=unk,
+        )
+        self.space_prefix = bool(gguf_file.get("tokenizer.ggml.add_space_prefix", True))
+        steps = [normalizers.Prepend("▁")] if self.space_prefix else []
+        return model, normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")]), None, True
+
+    def _bpe(self, gguf_file: GGUFFile, tokens: list[str], types: list[int]):
+        merges = []
+        for merge in gguf_file.get("tokenizer.ggml.merges") or []:
+            cut = merge.find(" ", 1)
+            if cut > 0:
+                merges.append((merge[:cut], merge[cut + 1:]))
+        pre = self.pre or "default"
+        if pre not in PRE_TOKENIZERS:
+            raise BadModelFile(f"{gguf_file.path.name}: pre-tokenizer {pre!r} is not supported")
+        regexes, ignore_merges, add_bos = PRE_TOKENIZERS[pre]
+        model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=ignore_merges)
+        steps = [pre_tokenizers.Split(tokenizers.Regex(r), behavior="isolated") for r in regexes]
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+        self.space_prefix = False
+        return model, None, pre_tokenizers.Sequence(steps), add_bos
+
+    def _piece_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for in generated text; control tokens stand for none."""
+        text, kind = self.texts[token], self.types[token]
+        if kind in (CONTROL, UNKNOWN, UNUSED):
+            return b""
+        if kind == BYTE and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text):
+            return bytes([int(text[3:5], 16)])
+        if kind == NORMAL and self.kind == "gpt2":
+            raw = byte_level_bytes(text)
+            if raw is not None:
+                return raw
+        if self.kind == "llama":
+            text = text.replace("▁", " ")
+        return text.encode("utf-8", "surrogateescape")
+
+    def token_text(self, token: Optional[int]) -> str:
+        return "" if token is None else self.texts[token]
+
+    def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
+        if not specials or self._control_pattern is None:
+            return self._plain(text, inert)
+        ids: list[int] = []
+        at = 0
+        for match in self._control_pattern.finditer(text):
+            ids += self._plain(text[at:match.start()], inert)
+            ids.append(self.control[match.group()])
+            at = match.end()
+        return ids + self._plain(text[at:], inert)
+
+    def _plain(self, text: str, inert: Optional[str]) -> list[int]:
+        if inert:
+            text = text.replace(inert, "")
+        return self._hf.encode(text, add_special_tokens=False).ids if text else []
+
+    def piece(self, token: int) -> bytes:
+        return self._pieces[token]
+
+    def decode(self, tokens: Sequence[int]) -> bytes:
+        tokens = list(tokens)
+        if self.add_bos and tokens[:1] == [self.bos_id]:
+            tokens = tokens[1:]
+        if self.add_eos and tokens[-1:] == [self.eos_id]:
+            tokens = tokens[:-1]
+        data = b"".join(
+            self.texts[t].encode("utf-8", "surrogateescape") if self.types[t] == CONTROL else self._pieces[t]
+            for t in tokens
+        )
+        # SentencePiece puts a space before the text it tokenizes; its decode leaves it out.
+        return data[1:] if self.space_prefix and data.startswith(b" ") else data

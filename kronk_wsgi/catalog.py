@@ -1,12 +1,19 @@
-"""Model management: from a configured model spec to a loaded engine."""
+"""Model management: from a configured model spec to a loaded engine, and what a model file holds."""
 
 import importlib
+from collections import Counter
 from pathlib import Path
+from typing import Optional
+
+import gguf
 
 from .config import ModelSpec
 from .engine.base import Engine, EngineError
 from .engine.ctransformers_engine import CTransformersEngine
+from .engine.ctransformers_files import check
 from .engine.demo_model import ensure_demo_model
+from .engine.gguf_file import BadModelFile, read_gguf
+from .engine.tokenizer import GGUFTokenizer
 
 ENGINES: dict[str, type] = {"ctransformers": CTransformersEngine}
 
@@ -50,3 +57,65 @@ def load_engine(model_id: str, spec: ModelSpec) -> Engine:
         return cls(model_id, model_file(spec), context_length=spec.context_length, model_type=spec.model_type)
     except ValueError as exc:  # a bad file (BadModelFile) or a bad template
         raise EngineError(str(exc)) from None
+
+
+def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str, str]]:
+    """What a user needs to know before serving a model file, as (label, text) rows."""
+    model = read_gguf(path)
+    get = model.get
+    arch = model.architecture
+    size = path.stat().st_size
+    context = int(context_length or model.context_length or 2048)
+    types = Counter(t.type_name for t in model.tensors)
+    file_type = get("general.file_type")
+    width, heads = model.arch_value("embedding_length"), model.arch_value("attention.head_count")
+    kv_heads = model.arch_value("attention.head_count_kv", heads)
+    layers = model.arch_value("block_count")
+    rows = [
+        ("file", f"{path.name} ({size / 1e6:.1f} MB, GGUF v{model.version})"),
+        ("name", get("general.name") or "-"),
+        ("architecture", arch),
+        ("parameters", f"{sum(t.n_elements for t in model.tensors) / 1e6:.1f} M"),
+        ("quantization", f"{_file_type_name(file_type)}; tensors: "
+                         + ", ".join(f"{name} x{n}" for name, n in types.most_common())),
+        ("context length", f"{model.context_length or '-'} trained; {context} served"),
+        ("shape", f"layers {layers}, width {width}, heads {heads} ({kv_heads} for keys and values)"),
+    ]
+    try:
+        tokenizer = GGUFTokenizer(model)
+    except BadModelFile as exc:
+        rows.append(("vocabulary", f"cannot be read: {exc}"))
+    else:
+        pre = f", pre-tokenizer {tokenizer.pre}" if tokenizer.pre else ""
+        rows.append(("vocabulary", f"{tokenizer.kind}{pre}: {tokenizer.vocab_size} tokens, "
+                                   f"{len(tokenizer.control)} control"))
+        ends = ", ".join(f"{tokenizer.token_text(t)} ({t})" for t in sorted(tokenizer.end_ids))
+        rows.append(("special tokens", f"BOS {_token(tokenizer, tokenizer.bos_id)}, EOS {_token(tokenizer, tokenizer.eos_id)}"
+                                       f"; prompts start with BOS: {'yes' if tokenizer.add_bos else 'no'}"
+                                       f"; generation ends at: {ends or '-'}"))
+    template = model.chat_template
+    lines = template.strip().splitlines() if template else []
+    shown = "\n".join(lines[:6]) + (f"\n... ({len(lines)} lines)" if len(lines) > 6 else "")
+    rows.append(("chat template", shown or "none in the file (the built-in chatml is used)"))
+    if width and heads and layers:
+        kv_cache = 2 * layers * context * (width * kv_heads // heads) * 2  # keys and values, f16
+        rows.append(("memory", f"{size / 1e6:.0f} MB of weights (memory-mapped, shared by all slots) "
+                               f"+ {kv_cache / 1e6:.0f} MB of KV cache per slot at context {context}"))
+    result = check(model)
+    if result.runs:
+        verdict = "runs" + (f", from a prepared copy ({'; '.join(result.fixes)})" if result.fixes else "")
+    else:
+        verdict = "cannot run it: " + "; ".join(result.problems)
+    rows.append(("engine", f"ctransformers {verdict}"))
+    return rows
+
+
+def _token(tokenizer: GGUFTokenizer, token: Optional[int]) -> str:
+    return "-" if token is None else f"{tokenizer.token_text(token)} ({token})"
+
+
+def _file_type_name(file_type: Optional[int]) -> str:
+    try:
+        return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except (TypeError, ValueError):
+        return "-" if file_type is None else f"file type {file_type}"

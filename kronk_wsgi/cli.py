@@ -33,6 +33,23 @@ def _make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .catalog import describe
+    from .engine.gguf_file import BadModelFile
+
+    try:
+        rows = describe(Path(args.path), args.context_length)
+    except (OSError, BadModelFile) as exc:
+        print(f"kronk-wsgi: {exc}", file=sys.stderr)
+        return 2
+    width = max(len(label) for label, _ in rows)
+    for label, text in rows:
+        print(f"{label:<{width}}  " + text.replace("\n", "\n" + " " * (width + 2)))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kronk-wsgi", description="A local LLM model server.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -43,6 +60,10 @@ def main(argv=None) -> int:
     serve.add_argument("--config", help="a TOML configuration file")
     serve.add_argument("--model", action="append", metavar="ID=PATH", help="serve a model file (repeatable)")
     serve.set_defaults(run=_serve)
+    inspect = commands.add_parser("inspect", help="what a GGUF model file holds, and whether the engine runs it")
+    inspect.add_argument("path")
+    inspect.add_argument("--context-length", type=int, help="the context to estimate memory for (default: the file's)")
+    inspect.set_defaults(run=_inspect)
     make = commands.add_parser("make-demo-model", help="write a demo GGUF model with random weights")
     make.add_argument("path")
     make.add_argument("--size", choices=["tiny", "medium"], default="tiny")

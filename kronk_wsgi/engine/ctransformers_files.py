@@ -34,8 +34,11 @@ LLAMA_LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                        "ffn_down")
 LLAMA_HPARAMS = ("context_length", "embedding_length", "feed_forward_length", "attention.head_count", "block_count",
                  "attention.layer_norm_rms_epsilon")
+SPECIAL_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+               "tokenizer.ggml.seperator_token_id", "tokenizer.ggml.padding_token_id")
+BPE_DEFAULT_ID = 11  # the BOS and EOS a BPE vocabulary gets when the file names none
 # Bumped whenever the copy changes, so older copies are not reused.
-COPY_FORMAT = "1"
+COPY_FORMAT = "2"
 
 
 class UnsupportedModel(BadModelFile):
@@ -83,6 +86,13 @@ def check(model: GGUFFile) -> Compatibility:
             fixes.append("token scores added")
     if model.get("tokenizer.ggml.token_type") is None:
         fixes.append("token types added")
+    n_vocab = len(model.get("tokenizer.ggml.tokens", []))
+    for key in SPECIAL_IDS:
+        token = model.get(key)
+        if token is not None and not 0 <= token < n_vocab:
+            problems.append(f"{key} {token} lies outside the vocabulary of {n_vocab}")
+    if _unset_special_ids(model):
+        fixes.append("special token ids set (the engine's defaults lie outside the vocabulary)")
     if arch == "llama":
         _check_llama(model, problems, fixes)
     return Compatibility(tuple(problems), tuple(fixes))
@@ -122,6 +132,13 @@ def _check_llama(model: GGUFFile, problems: list[str], fixes: list[str]) -> None
             fixes.append("tied embeddings: output.weight copied from token_embd.weight")
         else:
             problems.append("missing tensors: output.weight")
+
+
+def _unset_special_ids(model: GGUFFile) -> list[str]:
+    """BOS/EOS keys a BPE file lacks, where the engine's default for them (11) is not a token."""
+    if model.get("tokenizer.ggml.model") != "gpt2" or len(model.get("tokenizer.ggml.tokens", [])) > BPE_DEFAULT_ID:
+        return []
+    return [key for key in SPECIAL_IDS[:2] if model.get(key) is None]
 
 
 def _byte_level(model: GGUFFile) -> bool:
@@ -169,6 +186,8 @@ def _write_copy(model: GGUFFile, path: Path) -> None:
         fields["tokenizer.ggml.scores"] = Field(ARRAY, np.zeros(len(tokens), dtype=np.float32), 6)
     if model.get("tokenizer.ggml.model") == "gpt2" and _byte_level(model):
         fields["tokenizer.ggml.tokens"] = Field(ARRAY, [_raw(text, kind) for text, kind in zip(tokens, types)], STRING)
+    for key in _unset_special_ids(model):
+        fields[key] = Field(4, 0)
     extra = {"output.weight": "token_embd.weight"} if model.tensor("output.weight") is None else {}
     if model.arch_value("rope.scaling.type") == "linear":
         fields[f"{model.architecture}.rope.scale_linear"] = Field(6, float(model.arch_value("rope.scaling.factor", 1.0)))

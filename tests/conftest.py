@@ -93,8 +93,8 @@ class Server:
 
 
 @contextlib.contextmanager
-def run_server(tmp_path: Path, env: dict, args=()):
-    """Start the server with KRONK_* ``env``; wait until it is ready; stop it afterwards."""
+def run_server(tmp_path: Path, env: dict, args=(), ready: str = "/v1/readiness"):
+    """Start the server with KRONK_* ``env``; wait until ``ready`` answers 200; stop it afterwards."""
     port = free_port()
     log = tmp_path / f"server-{port}.log"
     full_env = {
@@ -113,7 +113,7 @@ def run_server(tmp_path: Path, env: dict, args=()):
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
             try:
-                if requests.get(server.url + "/v1/readiness", timeout=1).status_code == 200:
+                if requests.get(server.url + ready, timeout=1).status_code == 200:
                     break
             except requests.ConnectionError:
                 pass

@@ -121,6 +121,25 @@ def test_utf8_is_never_split(engine, monkeypatch):
     assert list(generation) == ["😀"]  # one delta: no half characters on the way
 
 
+@pytest.mark.parametrize("shown,text", [(frozenset(), ""), (frozenset({1}), "<s>")])
+def test_control_tokens_add_no_text_unless_shown(engine, monkeypatch, shown, text):
+    forced = iter([1, 2])  # <s> (a control token), then </s> (the end)
+    monkeypatch.setattr(Sampler, "sample", lambda self, logits: next(forced))
+    generation = Generation(
+        engine.new_slot(1), engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=frozenset({2}),
+        shown=shown, max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0),
+    )
+    assert "".join(generation) == text and generation.finish_reason == "stop"
+
+
+def test_a_template_that_writes_bos_gets_no_second_one(engine):
+    prompt = ChatTemplate.for_model("llama2", None, "<s>", "</s>", engine.tokenizer.control).render(
+        [{"role": "user", "content": "hi"}])
+    tokens = engine.tokenizer.prompt(prompt.text, inert=prompt.inert)
+    assert tokens[0] == engine.tokenizer.bos_id and tokens.count(engine.tokenizer.bos_id) == 1
+    assert engine.tokenizer.prompt("hi")[0] == engine.tokenizer.bos_id  # add_bos_token: a bare prompt gets one
+
+
 def test_sampler_greedy_and_filters():
     logits = np.array([0.0, 5.0, 4.9, -3.0], dtype=np.float32)
     assert Sampler(SamplingParams(temperature=0), []).sample(logits) == 1

@@ -6,6 +6,7 @@ SmolLM2's Hugging Face tokenizer.json is (byte-level BPE, single digits).
 """
 
 import hashlib
+import time
 
 import gguf
 import pytest
@@ -195,6 +196,19 @@ def test_unsupported_architecture_is_refused_and_the_worker_serves_on(server):
     again = server.post("/v1/chat/completions", {"model": "tiny", "messages": [QUESTION], "max_tokens": 3})
     assert again.status_code == 200
     assert requests.get(server.url + "/v1/readiness", timeout=5).status_code == 200
+
+
+def test_unsupported_default_model_is_refused_at_start_up(tiny_model, unsupported, tmp_path):
+    env = {"KRONK_MODELS": f"qwen={unsupported},tiny={tiny_model}", "KRONK_DEFAULT_MODEL": "qwen"}
+    with run_server(tmp_path, env, ready="/v1/liveness") as server:
+        deadline = time.monotonic() + 60
+        while (readiness := requests.get(server.url + "/v1/readiness", timeout=5).json())["status"] == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert readiness["status"] == "failed" and "architecture 'qwen2'" in readiness["error"]
+        assert "architecture 'qwen2'" in server.logs()
+        body = {"model": "tiny", "messages": [QUESTION], "max_tokens": 3}
+        assert server.post("/v1/chat/completions", body).status_code == 200
 
 
 def test_prepared_copy_is_made_once_and_the_source_kept(smollm2, tmp_path):

@@ -51,12 +51,13 @@ class Generation:
     """One request's generation on one slot; iterate it for text deltas.
 
     Generation stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
-    which never reach the text. After iteration ``finish_reason`` is "stop"
-    (an end token or a stop sequence) or
-    "length" (max_tokens or the context window), ``stop_sequence`` is the stop
-    sequence that ended it, if one did, and ``completion_tokens`` counts the
-    sampled tokens. ``Cancelled`` propagates when ``cancelled()``
-    turns true between two engine calls.
+    which never reach the text; other control tokens add no text either,
+    except those in ``shown`` (a tool-call tag that is a control token).
+    After iteration ``finish_reason`` is "stop" (an end token or a stop
+    sequence) or "length" (max_tokens or the context window),
+    ``stop_sequence`` is the stop sequence that ended it, if one did, and
+    ``completion_tokens`` counts the sampled tokens. ``Cancelled`` propagates
+    when ``cancelled()`` turns true between two engine calls.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class Generation:
         *,
         tokenizer: Tokenizer,
         end_ids: frozenset[int],
+        shown: frozenset[int] = frozenset(),
         max_tokens: int,
         context_length: int,
         sampling: SamplingParams,
@@ -76,6 +78,7 @@ class Generation:
         self.prompt = prompt
         self.tokenizer = tokenizer
         self.end_ids = end_ids
+        self.shown = shown
         self.max_tokens = max_tokens
         self.context_length = context_length
         self.sampling = sampling
@@ -98,7 +101,8 @@ class Generation:
                 self.finish_reason = "stop"
                 break
             self.completion_tokens += 1
-            text, stopped = stops.feed(decoder.decode(self.tokenizer.piece(token)))
+            piece = self.tokenizer.token_text(token).encode() if token in self.shown else self.tokenizer.piece(token)
+            text, stopped = stops.feed(decoder.decode(piece))
             if text:
                 yield text
             if stopped:

@@ -8,8 +8,9 @@ pre-tokenizer ``tokenizer.ggml.pre`` names). Merging is done by the
 
 Control tokens (token type 3, such as ``<|im_start|>``) are never produced by
 merging. ``encode(text, specials=True)`` turns their exact text into their
-ids; with ``specials=False`` all text is plain. Text between two characters
-``inert`` marks is plain even in special mode: that is how text from a chat
+ids; with ``specials=False`` all text is plain. A control token's text with
+the character ``inert`` inside it is no control token: the character is
+removed and the text tokenized as plain text. That is how text from a chat
 message keeps a control token's text as text (see ChatTemplate.render).
 """
 

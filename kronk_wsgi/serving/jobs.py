@@ -68,7 +68,8 @@ class GenerationJob:
 
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
         generation = self._generation = Generation(
-            slot, self.prompt, tokenizer=self.tokenizer, end_ids=self.end_ids, max_tokens=self.max_tokens,
+            slot, self.prompt, tokenizer=self.tokenizer, end_ids=self.end_ids, shown=self._shown(),
+            max_tokens=self.max_tokens,
             context_length=context_length,
             sampling=self.sampling, stop=self.stop, cancelled=cancelled,
         )
@@ -88,6 +89,13 @@ class GenerationJob:
         if parser.calls and reason == "stop" and generation.stop_sequence is None:
             reason = "tool_calls"
         yield Finished(reason, self._usage(), generation.stop_sequence)
+
+    def _shown(self) -> frozenset[int]:
+        """The tool-call tags that are control tokens: the parser must read them in the text."""
+        if self.tool_rules is None:
+            return frozenset()
+        syntax = self.tool_rules.syntax
+        return frozenset(self.tokenizer.control[tag] for tag in (syntax.open, syntax.close) if tag in self.tokenizer.control)
 
     def _usage(self) -> Usage:
         generation = self._generation

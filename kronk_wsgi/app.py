@@ -4,7 +4,7 @@ from typing import Any, Mapping, Optional
 
 import gevent
 import structlog
-from flask import Flask
+from flask import Blueprint, Flask
 
 from .api import anthropic, hooks, openai_chat, openai_completions, openai_embeddings, openai_responses, service, tokens
 from .api.state import KronkState
@@ -21,28 +21,33 @@ class Kronk:
 
     Reads the KRONK_* keys of app.config (see the README's configuration
     table); state lives in ``app.extensions["kronk"]``, so several apps per
-    process each get their own models.
+    process each get their own models. The routes, their request hooks and
+    their error handlers belong to one blueprint, mounted at ``url_prefix``
+    (``/v1/...`` by default; ``"/llm"`` gives ``/llm/v1/...``).
     """
 
-    def __init__(self, app: Optional[Flask] = None) -> None:
+    def __init__(self, app: Optional[Flask] = None, url_prefix: str = "") -> None:
         if app is not None:
-            self.init_app(app)
+            self.init_app(app, url_prefix)
 
-    def init_app(self, app: Flask) -> None:
+    def init_app(self, app: Flask, url_prefix: str = "") -> None:
+        if "kronk" in app.extensions:
+            raise RuntimeError("kronk_wsgi is already initialized on this app; call init_app once per app")
         for name in FIELDS:
             field = Settings.model_fields[name]
             app.config.setdefault(config_key(name), field.get_default(call_default_factory=True))
         settings = settings_from_config(app.config)
         metrics = Metrics()
         pool = ModelPool(settings, metrics)
-        app.extensions["kronk"] = KronkState(settings, pool, metrics)
-        blueprints = (
+        app.extensions["kronk"] = KronkState(settings, pool, metrics, url_prefix.rstrip("/"))
+        api = Blueprint("kronk", __name__)
+        for blueprint in (
             service.bp, openai_chat.bp, openai_responses.bp, openai_completions.bp, openai_embeddings.bp,
             tokens.bp, anthropic.bp,
-        )
-        for blueprint in blueprints:
-            app.register_blueprint(blueprint)
-        hooks.install(app)
+        ):
+            api.register_blueprint(blueprint)
+        hooks.install(api)
+        app.register_blueprint(api, url_prefix=url_prefix.rstrip("/") or None)
         gevent.spawn(_warm_up, pool, settings.default_model)
 
 

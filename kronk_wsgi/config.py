@@ -82,9 +82,21 @@ class Settings(BaseModel):
     @pydantic.field_validator("api_keys", mode="before")
     @classmethod
     def _parse_keys(cls, value: Any) -> Any:
+        """From the environment: comma-separated, or a JSON list."""
         if isinstance(value, str):
-            return [key.strip() for key in value.split(",") if key.strip()]
+            return json.loads(value) if value.lstrip().startswith("[") else [key.strip() for key in value.split(",")]
         return value
+
+    @pydantic.field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: list[str]) -> list[str]:
+        """An empty key would let anyone in: refuse it, rather than turn authentication off."""
+        for key in keys:
+            if not key.strip():
+                raise ValueError("an API key is empty; leave api_keys unset for no authentication")
+            if key != key.strip() or any(c.isspace() for c in key):
+                raise ValueError("an API key contains whitespace")
+        return keys
 
     @pydantic.model_validator(mode="after")
     def _check_default(self) -> "Settings":

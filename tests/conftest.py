@@ -115,7 +115,7 @@ def run_server(tmp_path: Path, env: dict, args=(), ready: str = "/v1/readiness")
             try:
                 if requests.get(server.url + ready, timeout=1).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or still booting
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready:\n{log.read_text()}")

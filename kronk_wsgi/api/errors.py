@@ -81,7 +81,8 @@ def invalid(message: str, param: Optional[str] = None, code: Optional[str] = Non
 
 def model_not_found(model_id: str) -> ApiError:
     """A 404 for a model id that is not configured."""
-    return ApiError(404, f"the model {model_id!r} does not exist", code="model_not_found", param="model")
+    shown = model_id if len(model_id) <= 100 else model_id[:100] + "..."
+    return ApiError(404, f"the model {shown!r} does not exist", code="model_not_found", param="model")
 
 
 def openai_error_body(error: ApiError) -> dict:

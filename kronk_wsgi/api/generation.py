@@ -17,7 +17,7 @@ from ..engine.chat_template import ChatTemplateError, RenderedPrompt
 from ..engine.sampling import SamplingParams
 from ..serving.events import Event, Failed, Finished, KeepAlive, TextDelta
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
-from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded, UnknownModel
+from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded
 from ..serving.session import Session
 from ..serving.tool_calls import ToolCallRules, forced_opening, syntax_of
 from .errors import ApiError, invalid, model_not_found
@@ -45,12 +45,15 @@ def client_watch(environ: dict) -> Callable[[], bool]:
 
 
 def get_model(model_id: str) -> LoadedModel:
-    """The loaded model; 404 if it is not configured, 503 if it cannot load."""
+    """The loaded model; 404 if it is not configured, 503 if it cannot load.
+
+    Only a configured id is recorded: logs and metric labels never carry what a client made up.
+    """
+    if model_id not in state().settings.models:
+        raise model_not_found(model_id)
     record().model = model_id
     try:
         return state().pool.get(model_id)
-    except UnknownModel:
-        raise model_not_found(model_id) from None
     except ModelUnavailable as exc:
         raise ApiError(503, str(exc), code="model_unavailable") from None
 

@@ -1,29 +1,34 @@
-"""The onion around every API request: request id, logs, auth, body limit, errors, metrics."""
+"""The onion around every API request: request id, logs, auth, body limit, errors, metrics.
+
+It is installed on kronk_wsgi's own blueprint, so it acts on its routes only:
+a host app's pages, error handlers and logging stay the host's. Paths below
+are relative to the blueprint's url_prefix.
+"""
 
 import hmac
 import time
 import uuid
 
 import structlog
-from flask import Flask, Response, g, request
-from werkzeug.exceptions import HTTPException
+from flask import Blueprint, Response, current_app, g, request
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, default_exceptions
 
 from .errors import ANTHROPIC_PREFIX, ApiError, error_response
 from .state import RequestRecord, state
 
 log = structlog.get_logger("kronk_wsgi.http")
 
-API_PREFIX = "/v1/"
-OPEN_PATHS = ("/v1/liveness", "/v1/readiness")
+OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics")
 
 
-def _is_api(path: str) -> bool:
-    return path.startswith(API_PREFIX) or path == "/metrics"
+def api_path() -> str:
+    """The request's path below kronk_wsgi's url_prefix."""
+    return request.path.removeprefix(state().url_prefix)
 
 
 def _check_auth() -> None:
     keys = state().settings.api_keys
-    if not keys or request.path in OPEN_PATHS or request.path == "/metrics":
+    if not keys or api_path() in OPEN_PATHS:
         return
     header = request.headers.get("Authorization", "")
     given = header[7:] if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
@@ -36,11 +41,9 @@ def _check_auth() -> None:
 
 
 def _start() -> None:
-    if not _is_api(request.path):
-        return
     structlog.contextvars.clear_contextvars()
     request_id = request.headers.get("X-Request-ID", "")[:128] or uuid.uuid4().hex
-    rule = request.url_rule.rule if request.url_rule else "unmatched"
+    rule = request.url_rule.rule if request.url_rule else "unmatched"  # a bounded label: never the raw path
     g.kronk_record = RequestRecord(request_id=request_id, route=rule)
     structlog.contextvars.bind_contextvars(request_id=request_id)
     log.info("request started", method=request.method, path=request.path)
@@ -54,7 +57,7 @@ def _finish(response: Response) -> Response:
         return response
     rec.status = response.status_code
     response.headers["X-Request-ID"] = rec.request_id
-    if request.path.startswith(ANTHROPIC_PREFIX):
+    if api_path().startswith(ANTHROPIC_PREFIX):
         # Anthropic's clients read the id here: the message's id once there is one.
         response.headers["request-id"] = response.headers["anthropic-request-id"] = rec.response_id or rec.request_id
     metrics = state().metrics
@@ -85,28 +88,46 @@ def _log_completed(rec: RequestRecord, metrics) -> None:
 
 
 def _api_error(error: ApiError):
-    return error_response(error, request.path)
+    return error_response(error, api_path())
 
 
 def _http_error(exc: HTTPException):
-    if not _is_api(request.path):
-        return exc  # the host app's pages keep their own error handling
-    return error_response(ApiError.from_http(exc), request.path)
+    return error_response(ApiError.from_http(exc), api_path())
 
 
 def _unexpected(exc: Exception):
-    if isinstance(exc, HTTPException):
-        return _http_error(exc)
-    if not _is_api(request.path):
-        raise exc
     log.exception("unexpected error")
-    return error_response(ApiError(500, "internal server error", code="server_error"), request.path)
+    return error_response(ApiError(500, "internal server error", code="server_error"), api_path())
 
 
-def install(app: Flask) -> None:
-    """Wire the onion into an app; it acts on API paths only."""
-    app.before_request(_start)
-    app.after_request(_finish)
-    app.register_error_handler(ApiError, _api_error)
-    app.register_error_handler(HTTPException, _http_error)
-    app.register_error_handler(Exception, _unexpected)
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+def _unknown_route(rest: str):
+    """Any other path under /v1: 405 if a route takes it with another method, else 404, in the API's error shape."""
+    adapter = current_app.url_map.bind_to_environ(request.environ)
+    allowed = []
+    for method in _METHODS:
+        try:
+            endpoint, _ = adapter.match(request.path, method=method)
+        except HTTPException:
+            continue
+        if endpoint != request.endpoint:
+            allowed.append(method)
+    if allowed:
+        raise MethodNotAllowed(valid_methods=allowed)
+    raise NotFound()
+
+
+def install(bp: Blueprint) -> None:
+    """Wire the onion into kronk_wsgi's blueprint: its requests, its errors, its unknown /v1 paths."""
+    bp.before_request(_start)
+    bp.after_request(_finish)
+    bp.register_error_handler(ApiError, _api_error)
+    # By status code too: Flask prefers an app's handler for a code (a host's 404 page) to a
+    # blueprint's handler for a class, but a blueprint's handler for a code to the app's.
+    for code in default_exceptions:
+        bp.register_error_handler(code, _http_error)
+    bp.register_error_handler(HTTPException, _http_error)
+    bp.register_error_handler(Exception, _unexpected)
+    bp.add_url_rule("/v1/<path:rest>", "unknown_route", _unknown_route, methods=_METHODS)

@@ -8,7 +8,7 @@ from flask import request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import SamplingParams
-from .errors import invalid
+from .errors import ApiError, invalid
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -211,13 +211,38 @@ def _param(data: Any, loc: tuple, missing: bool) -> Optional[str]:
     return out or None
 
 
+class _NotJSON(ValueError):
+    """A value Python's json module takes but JSON does not have."""
+
+
+def _non_finite(name: str) -> None:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def _read_json() -> Any:
+    """The body parsed as strict JSON: NaN and Infinity are refused by name, deep nesting is a 400 too."""
+    body = request.get_data(cache=True)  # a declared length past max_body_bytes is a 413 here
+    limit = request.max_content_length
+    if request.content_length is None and limit is not None and len(body) >= limit:
+        # A chunked body is cut at the limit: if more follows, it was too large. Up to 1 MB of the
+        # rest is read, so that the client sees the 413 rather than a connection reset.
+        if request.environ["wsgi.input"].read(1 << 20):
+            raise ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
+    try:
+        return json.loads(body, parse_constant=_non_finite)
+    except _NotJSON as exc:
+        raise invalid(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise invalid("the body is not valid JSON: it is nested too deeply") from None
+    except ValueError:
+        raise invalid("the body is not valid JSON") from None
+
+
 def parse_body(schema: Type[M]) -> M:
     """The JSON body as ``schema``; a 400 naming the offending param otherwise."""
     if not request.is_json:
         raise invalid("the body must be JSON, sent with Content-Type: application/json")
-    data = request.get_json(silent=True)
-    if data is None:
-        raise invalid("the body is not valid JSON")
+    data = _read_json()
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
     try:

@@ -19,6 +19,7 @@ class KronkState:
     settings: Settings
     pool: ModelPool
     metrics: Metrics
+    url_prefix: str = ""  # where the API is mounted
 
 
 @dataclasses.dataclass

@@ -36,7 +36,8 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, prompt: list[int]) -> None:
         self.params = params
-        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        # Any integer is a seed (OpenAI's API allows negative ones); numpy takes 0 <= seed.
+        seed = params.seed % 2**64 if params.seed is not None else secrets.randbits(64)
         self._rng = np.random.default_rng(seed)
         self._recent = list(prompt[-REPETITION_WINDOW:])
         self._counts: Counter[int] = Counter()

@@ -1,0 +1,143 @@
+"""What a hostile or careless client or operator could do: each case reproduced against real gunicorn."""
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+import requests
+from flask import Flask
+
+from kronk_wsgi import Kronk
+from kronk_wsgi.config import ConfigError, read_config, settings_from_config
+
+from .conftest import ROOT, run_server
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("env", [{"KRONK_API_KEYS": ","}, {"KRONK_API_KEYS": "key, "}, {"KRONK_API_KEYS": " "},
+                                 {"KRONK_API_KEYS": '["key", ""]'}])
+def test_empty_api_keys_are_a_configuration_error(env):
+    with pytest.raises(ConfigError, match="api_keys"):
+        settings_from_config(read_config(environ=env))
+
+
+def test_empty_api_key_in_the_config_file_stops_the_server(tmp_path, tiny_model):
+    toml = tmp_path / "kronk.toml"
+    toml.write_text('api_keys = ["key", ""]\n')
+    env = {"KRONK_CONFIG": str(toml), "KRONK_MODELS": f"tiny={tiny_model}", "PYTHONPATH": str(ROOT), "PATH": ""}
+    result = subprocess.run([sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind", "127.0.0.1:0"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "api_keys" in result.stderr
+
+
+def test_unknown_model_ids_do_not_grow_the_metrics(server):
+    for i in range(3):
+        response = server.post(CHAT, {"model": f"{i}" + "m" * 10_000, "messages": HI})
+        assert response.status_code == 404 and len(response.text) < 1000
+    metrics = requests.get(server.url + "/metrics", timeout=10).text
+    assert "m" * 100 not in metrics
+    assert len(metrics) < 200_000
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_negative_seed_is_a_seed(server, stream):
+    body = {"model": "tiny", "messages": HI, "max_tokens": 4, "seed": -5, "stream": stream}
+    first, again = server.post(CHAT, body), server.post(CHAT, body)
+    assert first.status_code == 200 and '"error"' not in first.text
+    if not stream:
+        assert first.json()["choices"][0]["message"] == again.json()["choices"][0]["message"]
+
+
+def test_deeply_nested_json_is_a_400(server):
+    data = b'{"model": "tiny", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = requests.post(server.url + CHAT, data=data, headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 400 and "nested" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_named(server, constant):
+    data = f'{{"model": "tiny", "messages": [{{"role": "user", "content": "hi"}}], "temperature": {constant}}}'
+    response = requests.post(server.url + CHAT, data=data, headers={"Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 400
+    assert constant in response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def small_bodies(tiny_model, tmp_path_factory):
+    env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_MAX_BODY_BYTES": "4096"}
+    with run_server(tmp_path_factory.mktemp("small"), env) as server:
+        yield server
+
+
+def test_chunked_body_over_the_limit_is_413(small_bodies):
+    payload = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 10_000}]}).encode()
+    with socket.create_connection((small_bodies.host, small_bodies.port), timeout=30) as sock:
+        head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        sock.sendall(head.encode() + f"{len(payload):x}\r\n".encode() + payload + b"\r\n0\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert b"request_too_large" in reply
+
+
+def test_no_warning_at_start(server):
+    assert "Warning" not in server.logs()
+
+
+def test_nginx_conf_keeps_the_clients_request_id():
+    conf = (ROOT / "conf" / "nginx.conf").read_text()
+    assert "proxy_set_header X-Request-ID $request_id;" not in conf
+    assert "$http_x_request_id" in conf
+
+
+def host_app(tiny_model) -> Flask:
+    host = Flask("host")
+    host.config["KRONK_MODELS"] = {"tiny": {"path": str(tiny_model)}}
+
+    @host.errorhandler(404)
+    def not_found(exc):
+        return "host 404 page", 404
+
+    @host.errorhandler(Exception)
+    def broken(exc):
+        return "host 500 page", 500
+
+    @host.get("/boom")
+    def boom():
+        raise RuntimeError("host bug")
+
+    return host
+
+
+def test_a_host_apps_error_pages_stay_its_own(tiny_model):
+    host = host_app(tiny_model)
+    Kronk(host)
+    client = host.test_client()
+    assert client.get("/nowhere").text == "host 404 page"
+    assert client.get("/boom").text == "host 500 page"
+    assert client.get("/v1/nowhere").json["error"]["code"] == "unknown_url"
+    assert client.post("/v1/chat/completions", json={"model": "nope", "messages": HI}).json["error"]["code"] == "model_not_found"
+
+
+def test_second_init_app_is_refused(tiny_model):
+    host = host_app(tiny_model)
+    Kronk(host)
+    with pytest.raises(RuntimeError, match="already"):
+        Kronk(host)
+
+
+def test_url_prefix(tiny_model):
+    host = host_app(tiny_model)
+    Kronk(host, url_prefix="/llm")
+    client = host.test_client()
+    assert client.get("/llm/v1/liveness").json["status"] == "ok"
+    assert client.get("/v1/liveness").text == "host 404 page"
+    assert client.get("/llm/v1/nowhere").json["error"]["code"] == "unknown_url"
+    messages = client.post("/llm/v1/messages", json={"model": "nope", "max_tokens": 1, "messages": HI})
+    assert messages.json["type"] == "error" and messages.json["error"]["type"] == "not_found_error"

@@ -3,6 +3,7 @@
 from typing import Any, Mapping, Optional
 
 import gevent
+from gevent.threadpool import ThreadPool
 import structlog
 from flask import Blueprint, Flask
 
@@ -14,6 +15,9 @@ from .metrics import Metrics
 from .serving.pool import ModelPool, ModelUnavailable
 
 log = structlog.get_logger("kronk_wsgi.app")
+
+# Threads per app that parse and validate request bodies (GIL-bound work: more would not be faster).
+REQUEST_WORKERS = 2
 
 
 class Kronk:
@@ -39,7 +43,8 @@ class Kronk:
         settings = settings_from_config(app.config)
         metrics = Metrics()
         pool = ModelPool(settings, metrics)
-        app.extensions["kronk"] = KronkState(settings, pool, metrics, url_prefix.rstrip("/"))
+        workers = ThreadPool(REQUEST_WORKERS)
+        app.extensions["kronk"] = KronkState(settings, pool, metrics, workers, url_prefix.rstrip("/"))
         api = Blueprint("kronk", __name__)
         for blueprint in (
             service.bp, openai_chat.bp, openai_responses.bp, openai_completions.bp, openai_embeddings.bp,

@@ -63,7 +63,8 @@ def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[d
     if tools and not model.template.supports_tools:
         raise invalid(f"the chat template of model {model.id!r} does not support tools", param="tools")
     try:
-        return model.template.render(messages, tools=tools or None)
+        # In the model's tokenizer thread: a long conversation or template loop must not stall the event loop.
+        return model.tokenizer.apply(model.template.render, (messages, tools or None))
     except ChatTemplateError as exc:
         raise invalid(str(exc), param="messages") from None
 
@@ -106,8 +107,15 @@ def start_generation(
             rules = ToolCallRules(syntax_of(model.template.source), accept)
             if tool_choice == "required" or tool_name is not None:
                 reply_start = forced_opening(rules.syntax, tool_name)
-        tokens = model.tokenize(prompt.text + reply_start, inert=prompt.inert)
+        full = prompt.text + reply_start
         context = model.engine.context_length
+        fewest = model.engine.tokenizer.fewest_tokens(full.replace(prompt.inert, "") if prompt.inert else full)
+        if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
+            raise invalid(
+                f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
+                param=prompt_param, code="context_length_exceeded",
+            )
+        tokens = model.tokenize(full, inert=prompt.inert)
         if len(tokens) + (max_tokens or 1) > context:
             raise invalid(
                 f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens"

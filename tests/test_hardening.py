@@ -13,6 +13,7 @@ from kronk_wsgi import Kronk
 from kronk_wsgi.config import ConfigError, read_config, settings_from_config
 
 from .conftest import ROOT, run_server
+from .support.storm import storm
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -141,3 +142,17 @@ def test_url_prefix(tiny_model):
     assert client.get("/llm/v1/nowhere").json["error"]["code"] == "unknown_url"
     messages = client.post("/llm/v1/messages", json={"model": "nope", "max_tokens": 1, "messages": HI})
     assert messages.json["type"] == "error" and messages.json["error"]["type"] == "not_found_error"
+
+
+def test_eight_maximal_bodies_do_not_stall_the_worker(tiny_model, tmp_path):
+    """Bodies parsed, validated and rendered off the event loop: a stream and liveness go on, no worker dies."""
+    models = {"slow": {"path": str(tiny_model), "engine": "tests.support.faulty:FaultyEngine"},
+              "tiny": {"path": str(tiny_model)}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "slow", "KRONK_TEST_STEP_DELAY": "0.05"}
+    with run_server(tmp_path, env) as server:
+        body = {"model": "slow", "messages": HI, "max_tokens": 200, "stream": True, "logit_bias": {"2": -100}}
+        result = storm(server.url, server.host, server.port, body)
+        assert all(status in (400, 413) for status in result["statuses"]), result["statuses"]
+        assert result["frames"][-1] == "data: [DONE]"
+        assert result["largest_stream_gap_s"] < 5 and result["liveness_max_s"] < 5  # generous: the goal is 1 s
+        assert "WORKER TIMEOUT" not in server.logs()

@@ -3,6 +3,7 @@
 import json
 from typing import Annotated, Any, Literal, Optional, Type, TypeVar, Union
 
+import gevent
 import pydantic
 from flask import request
 from pydantic import BaseModel, ConfigDict, Field
@@ -220,10 +221,24 @@ def _non_finite(name: str) -> None:
     raise _NotJSON(f"{name} is not a JSON number")
 
 
+READ_CHUNK = 1 << 20
+
+
 def _read_body() -> bytes:
     """The body's bytes; 413 past max_body_bytes, for a chunked body too."""
-    body = request.get_data(cache=True)  # a declared length past the limit is a 413 here
+    stream = request.stream  # a declared length past the limit is a 413 here
     limit = request.max_content_length
+    chunks, size = [], 0
+    # A megabyte at a time, yielding in between: data already waiting in the socket would
+    # otherwise be read in one go, with every other request of the worker kept waiting.
+    while limit is None or size < limit:
+        chunk = stream.read(READ_CHUNK if limit is None else min(READ_CHUNK, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        gevent.sleep(0)
+    body = b"".join(chunks)
     if request.content_length is None and limit is not None and len(body) >= limit:
         # A chunked body is cut at the limit: if more follows, it was too large. Up to 1 MB of the
         # rest is read, so that the client sees the 413 rather than a connection reset.

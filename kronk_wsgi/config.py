@@ -61,7 +61,8 @@ class Settings(BaseModel):
     request_timeout: float = Field(3600.0, gt=0)
     api_keys: list[str] = Field(default_factory=list)  # empty: no auth
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    max_body_values: int = Field(20_000, ge=100)  # JSON values in one body (validation time grows with them)
+    max_body_values: int = Field(20_000, ge=100)
+    body_timeout: float = Field(30.0, gt=0)  # seconds for a request body to arrive (408 after)  # JSON values in one body (validation time grows with them)
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")

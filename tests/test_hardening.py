@@ -156,3 +156,21 @@ def test_eight_maximal_bodies_do_not_stall_the_worker(tiny_model, tmp_path):
         assert result["frames"][-1] == "data: [DONE]"
         assert result["largest_stream_gap_s"] < 5 and result["liveness_max_s"] < 5  # generous: the goal is 1 s
         assert "WORKER TIMEOUT" not in server.logs()
+
+
+def test_a_body_that_never_arrives_gets_408_and_the_connection_closed(tiny_model, tmp_path):
+    env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_BODY_TIMEOUT": "1"}
+    with run_server(tmp_path, env) as server:
+        stalled = []
+        for _ in range(3):
+            sock = socket.create_connection((server.host, server.port), timeout=60)
+            sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 100000\r\n\r\n{".encode())
+            stalled.append(sock)
+        for sock in stalled:
+            reply = b""
+            while chunk := sock.recv(65536):  # returns b"" once the server hangs up
+                reply += chunk
+            sock.close()
+            assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
+        assert server.post(CHAT, {"model": "tiny", "messages": HI, "max_tokens": 2}).status_code == 200

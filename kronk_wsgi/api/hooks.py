@@ -6,6 +6,7 @@ are relative to the blueprint's url_prefix.
 """
 
 import hmac
+import socket
 import time
 import uuid
 
@@ -62,7 +63,19 @@ def _finish(response: Response) -> Response:
         response.headers["request-id"] = response.headers["anthropic-request-id"] = rec.response_id or rec.request_id
     metrics = state().metrics
     response.call_on_close(lambda: _log_completed(rec, metrics))
+    if response.status_code == 408:
+        # The rest of the body may never come: hang up, or the server would wait to read past it.
+        sock = request.environ.get("gunicorn.socket")
+        if sock is not None:
+            response.call_on_close(lambda: _hang_up(sock))
     return response
+
+
+def _hang_up(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already gone
 
 
 def _log_completed(rec: RequestRecord, metrics) -> None:

@@ -228,16 +228,25 @@ def _read_body() -> bytes:
     """The body's bytes; 413 past max_body_bytes, for a chunked body too."""
     stream = request.stream  # a declared length past the limit is a 413 here
     limit = request.max_content_length
+    seconds = state().settings.body_timeout
     chunks, size = [], 0
-    # A megabyte at a time, yielding in between: data already waiting in the socket would
-    # otherwise be read in one go, with every other request of the worker kept waiting.
-    while limit is None or size < limit:
-        chunk = stream.read(READ_CHUNK if limit is None else min(READ_CHUNK, limit - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-        gevent.sleep(0)
+    timer = gevent.Timeout.start_new(seconds)
+    try:
+        # A megabyte at a time, yielding in between: data already waiting in the socket would
+        # otherwise be read in one go, with every other request of the worker kept waiting.
+        while limit is None or size < limit:
+            chunk = stream.read(READ_CHUNK if limit is None else min(READ_CHUNK, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            gevent.sleep(0)
+    except gevent.Timeout as exc:
+        if exc is not timer:
+            raise
+        raise ApiError(408, f"the body did not arrive within {seconds:g} s", code="request_timeout") from None
+    finally:
+        timer.cancel()
     body = b"".join(chunks)
     if request.content_length is None and limit is not None and len(body) >= limit:
         # A chunked body is cut at the limit: if more follows, it was too large. Up to 1 MB of the

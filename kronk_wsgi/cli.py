@@ -20,9 +20,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kronk-wsgi: {exc}", file=sys.stderr)
         return 2
-    from .server import KronkApplication
+    from .server import KronkApplication, graceful_timeout
 
-    KronkApplication({"bind": settings.bind, "workers": settings.workers}).run()
+    options = {"bind": settings.bind, "workers": settings.workers,
+               "graceful_timeout": graceful_timeout(settings.drain_timeout)}
+    KronkApplication(options).run()
     return 0
 
 

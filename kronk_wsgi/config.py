@@ -59,6 +59,7 @@ class Settings(BaseModel):
     admission_timeout: float = Field(180.0, gt=0)
     keepalive_interval: float = Field(15.0, gt=0)
     request_timeout: float = Field(3600.0, gt=0)
+    drain_timeout: float = Field(120.0, ge=0)  # on shutdown, seconds running streams may go on
     api_keys: list[str] = Field(default_factory=list)  # empty: no auth
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_body_values: int = Field(20_000, ge=100)

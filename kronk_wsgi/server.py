@@ -13,10 +13,32 @@ GUNICORN_DEFAULTS = {
     "worker_class": "gevent",
     "worker_connections": 1000,
     "timeout": 30,  # gevent: fires only when the loop is blocked; engine calls never block it
-    "graceful_timeout": 30,
     "keepalive": 5,
     "preload_app": False,  # gevent patches after fork: every worker builds its own app
 }
+
+# After the drain deadline, streams end with an in-band error: gunicorn must wait that long, and a little more.
+GRACE_AFTER_DRAIN = 15
+
+
+def graceful_timeout(drain_timeout: float) -> int:
+    """gunicorn's graceful_timeout for a drain deadline: workers are not killed before their streams end."""
+    return int(drain_timeout) + GRACE_AFTER_DRAIN
+
+
+def post_worker_init(worker) -> None:
+    """Begin the app's drain the moment gunicorn tells the worker to stop (SIGTERM, or a reload)."""
+    import gevent
+
+    kronk = worker.wsgi.extensions["kronk"]
+
+    def watch() -> None:
+        while worker.alive:
+            gevent.sleep(0.1)
+        worker.log.info("kronk_wsgi: draining, running streams may go on for %g s", kronk.settings.drain_timeout)
+        kronk.pool.drain.begin(kronk.settings.drain_timeout)
+
+    gevent.spawn(watch)
 
 
 def on_starting(server) -> None:
@@ -38,7 +60,7 @@ class KronkApplication(BaseApplication):
     """gunicorn's own application API: `kronk-wsgi serve` runs this."""
 
     def __init__(self, options: Mapping[str, Any], app_config: Optional[Mapping[str, Any]] = None) -> None:
-        self.options = {**GUNICORN_DEFAULTS, "on_starting": on_starting, **options}
+        self.options = {**GUNICORN_DEFAULTS, "on_starting": on_starting, "post_worker_init": post_worker_init, **options}
         self.app_config = dict(app_config or {})
         super().__init__()
 

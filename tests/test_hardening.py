@@ -1,9 +1,11 @@
 """What a hostile or careless client or operator could do: each case reproduced against real gunicorn."""
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -13,6 +15,7 @@ from kronk_wsgi import Kronk
 from kronk_wsgi.config import ConfigError, read_config, settings_from_config
 
 from .conftest import ROOT, run_server
+from .support.rawhttp import RawStream
 from .support.storm import storm
 
 CHAT = "/v1/chat/completions"
@@ -174,3 +177,39 @@ def test_a_body_that_never_arrives_gets_408_and_the_connection_closed(tiny_model
             sock.close()
             assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
         assert server.post(CHAT, {"model": "tiny", "messages": HI, "max_tokens": 2}).status_code == 200
+
+
+@pytest.fixture
+def draining(tiny_model, tmp_path):
+    models = json.dumps({"tiny": {"path": str(tiny_model), "engine": "tests.support.faulty:FaultyEngine"}})
+    env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.1", "KRONK_DRAIN_TIMEOUT": "2", "KRONK_PARALLEL": "2",
+           "KRONK_THREADS": "1"}
+    with run_server(tmp_path, env) as server:
+        yield server
+
+
+def test_shutdown_drains_then_ends_streams_in_band(draining):
+    """On SIGTERM: readiness 503 at once, nothing new admitted, running streams end with an in-band error."""
+    kept = requests.Session()
+    assert kept.get(draining.url + "/v1/readiness", timeout=10).status_code == 200  # a kept-alive connection
+    long = {"model": "tiny", "messages": HI, "max_tokens": 500, "stream": True, "logit_bias": {"2": -100}}
+    short = {**long, "max_tokens": 5}
+    cut, finished = RawStream(draining.host, draining.port, CHAT, long), RawStream(draining.host, draining.port, CHAT, short)
+    assert cut.status == finished.status == 200
+    draining.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while kept.get(draining.url + "/v1/readiness", timeout=10).status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    refused = kept.post(draining.url + CHAT, json={"model": "tiny", "messages": HI, "max_tokens": 2}, timeout=10)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    assert [f for _, f in finished.frames()][-1] == "data: [DONE]"  # done before the drain deadline
+    frames = [f for _, f in cut.frames()]  # ends at the drain deadline, with the body properly ended
+    assert cut.ended and finished.ended  # each chunked body properly ended, not a bare EOF
+    assert '"code":"shutting_down"' not in frames[-1] and '"code":"shutdown"' in frames[-1]
+    assert "[DONE]" not in "".join(frames)
+    draining.proc.wait(timeout=60)
+    completed = [json.loads(line) for line in draining.logs().splitlines()
+                 if line.startswith("{") and '"request completed"' in line]
+    outcomes = {entry["outcome"] for entry in completed if entry["route"] == CHAT}
+    assert outcomes == {"ok", "shutdown"}

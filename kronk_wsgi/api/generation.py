@@ -16,6 +16,7 @@ from flask import request
 from ..engine.chat_template import ChatTemplateError, RenderedPrompt
 from ..engine.sampling import SamplingParams
 from ..serving.events import Event, Failed, Finished, KeepAlive, TextDelta
+from ..serving.drain import ShuttingDown
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded
 from ..serving.session import Session
@@ -172,11 +173,15 @@ def start_embedding(model_id: str, inputs: list[str], param: str) -> Session:
     return _start(model_id, job)
 
 
+# The status of an answer that is not streamed, by how its generation failed.
+FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
+
+
 def run_to_end(session: Session) -> tuple[list[Event], Finished]:
     """Run a session whose answer is not streamed: its output events and how it finished.
 
-    Consecutive text deltas come back merged into one. An engine failure becomes a 500 (the request timeout a 504), a client
-    that left a 499; the session is closed in every case.
+    Consecutive text deltas come back merged into one. An engine failure becomes a 500 (the request
+    timeout a 504, a shutdown a 503), a client that left a 499; the session is closed in every case.
     """
     output: list[Event] = []
     try:
@@ -184,7 +189,7 @@ def run_to_end(session: Session) -> tuple[list[Event], Finished]:
             if isinstance(event, Finished):
                 return output, event
             if isinstance(event, Failed):
-                raise ApiError(504 if event.code == "timeout" else 500, event.message, code=event.code)
+                raise ApiError(FAILURE_STATUS.get(event.code, 500), event.message, code=event.code)
             if isinstance(event, TextDelta) and output and isinstance(output[-1], TextDelta):
                 output[-1] = TextDelta(output[-1].text + event.text)
             elif not isinstance(event, KeepAlive):
@@ -194,16 +199,27 @@ def run_to_end(session: Session) -> tuple[list[Event], Finished]:
     raise ApiError(499, "client closed the connection")
 
 
+def shutting_down() -> ApiError:
+    """A 503 for work that arrives while the server shuts down; its outcome is logged as "shutdown"."""
+    record().outcome = "shutdown"
+    return ApiError(503, "the server is shutting down; retry on another instance", code="shutting_down",
+                    headers={"Retry-After": "1"})
+
+
 def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:
     """Look up the model, take an admission place, prepare the job: the shared path before the commit."""
     kronk = state()
     settings = kronk.settings
     rec = record()
     deadline = rec.started + settings.request_timeout
+    if kronk.pool.drain.started:
+        raise shutting_down()
     model = get_model(model_id)
     gone = client_watch(request.environ)
     try:
-        lease = model.admit(min(settings.admission_timeout, deadline - time.monotonic()), gone)
+        lease = model.admit(min(settings.admission_timeout, deadline - time.monotonic()), gone, kronk.pool.drain)
+    except ShuttingDown:
+        raise shutting_down() from None
     except Overloaded as exc:
         kronk.metrics.rejected.labels(model_id).inc()
         raise ApiError(429, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
@@ -216,7 +232,7 @@ def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:
         lease.release()
         raise
     session = Session(
-        model, lease, job, started=rec.started, deadline=deadline,
+        model, lease, job, started=rec.started, deadline=deadline, drain=kronk.pool.drain,
         keepalive=settings.keepalive_interval, client_gone=gone, metrics=kronk.metrics,
     )
     rec.stats = session.stats

@@ -45,9 +45,11 @@ def liveness():
 
 @bp.get("/v1/readiness")
 def readiness():
-    """503 until the default model is loaded."""
+    """503 until the default model is loaded, and from the moment the worker starts shutting down."""
     kronk = state()
     default = kronk.settings.default_model
+    if kronk.pool.drain.started:
+        return jsonify({"status": "draining", "default_model": default}), 503
     if kronk.pool.is_loaded(default):
         return jsonify({"status": "ready", "default_model": default})
     error = kronk.pool.load_errors.get(default)

@@ -15,6 +15,7 @@ from ..config import ModelSpec, Settings
 from ..engine.base import Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
 from ..metrics import Metrics
+from .drain import Drain, ShuttingDown
 
 log = structlog.get_logger("kronk_wsgi.pool")
 
@@ -89,10 +90,12 @@ class LoadedModel:
     def detokenize(self, tokens: list[int]) -> bytes:
         return self.tokenizer.apply(self.engine.tokenizer.decode, (tokens,))
 
-    def admit(self, timeout: float, client_gone: Callable[[], bool]) -> Lease:
-        """Wait up to ``timeout`` seconds for a place; Overloaded or ClientGone otherwise."""
+    def admit(self, timeout: float, client_gone: Callable[[], bool], drain: Drain) -> Lease:
+        """Wait up to ``timeout`` seconds for a place; Overloaded, ClientGone or ShuttingDown otherwise."""
         start = time.monotonic()
         while True:
+            if drain.started:
+                raise ShuttingDown()
             remaining = timeout - (time.monotonic() - start)
             if remaining <= 0:
                 raise Overloaded(self.id, timeout)
@@ -108,6 +111,7 @@ class ModelPool:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.drain = Drain()
         self._loaded: dict[str, LoadedModel] = {}
         self._loading: dict[str, gevent.event.AsyncResult] = {}
         self.load_errors: dict[str, str] = {}

@@ -16,6 +16,7 @@ import structlog
 from ..engine.base import Cancelled, Slot
 from ..metrics import Metrics
 from .channel import ThreadChannel
+from .drain import Drain
 from .events import KEEPALIVE, Embedding, Event, Failed, Finished, TextDelta, ToolCall
 from .jobs import Job
 from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
@@ -27,7 +28,7 @@ log = structlog.get_logger("kronk_wsgi.session")
 class GenerationStats:
     """How a generation went: read by request logging and metrics."""
 
-    outcome: str = ""  # ok, error, timeout, client_gone
+    outcome: str = ""  # ok, error, timeout, client_gone, shutdown
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -73,6 +74,7 @@ class Session:
         *,
         started: float,
         deadline: float,
+        drain: Drain,
         keepalive: float,
         client_gone: Callable[[], bool],
         metrics: Metrics,
@@ -82,6 +84,7 @@ class Session:
         self.job = job
         self.started = started
         self.deadline = deadline
+        self.drain = drain
         self.keepalive = keepalive
         self.client_gone = client_gone
         self.metrics = metrics
@@ -140,8 +143,8 @@ class Session:
         quiet_since = time.monotonic()
         while True:
             now = time.monotonic()
-            if self._expired(now):
-                yield self._timeout()
+            if self._expired(now) or self.drain.expired(now):
+                yield self._timeout() if self._expired(now) else self._shutdown()
                 return None
             if self.client_gone():
                 self.stats.outcome = "client_gone"
@@ -163,7 +166,8 @@ class Session:
         last_token: Optional[float] = None
         while True:
             now = time.monotonic()
-            wait = min(checked + CLIENT_POLL_SECONDS, quiet_since + self.keepalive, self.deadline) - now
+            wait = min(checked + CLIENT_POLL_SECONDS, quiet_since + self.keepalive, self.deadline,
+                       self.drain.deadline or self.deadline) - now
             items = channel.take_all(max(wait, 0))
             now = time.monotonic()
             text = []
@@ -190,9 +194,9 @@ class Session:
                 quiet_since = now
             if text:
                 yield TextDelta("".join(text))
-            if self._expired(now):
+            if self._expired(now) or self.drain.expired(now):
                 cancel.set = True
-                yield self._timeout()
+                yield self._timeout() if self._expired(now) else self._shutdown()
                 return
             if now - checked >= CLIENT_POLL_SECONDS:
                 checked = now
@@ -209,6 +213,10 @@ class Session:
     def _timeout(self) -> Failed:
         self.stats.outcome = "timeout"
         return Failed("timeout", "the request ran past the request timeout")
+
+    def _shutdown(self) -> Failed:
+        self.stats.outcome = "shutdown"
+        return Failed("shutdown", "the server is shutting down; the response is incomplete")
 
     def _finish(self, item: object) -> Event:
         """The terminal event: Finished, or Failed for an engine exception."""

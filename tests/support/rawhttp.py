@@ -23,6 +23,7 @@ class RawStream:
         self.headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
         self._chunked = self.headers.get("transfer-encoding") == "chunked"
         self._eof = False
+        self.ended = False
 
     def _recv(self) -> bytes:
         data = self.sock.recv(65536)
@@ -48,6 +49,7 @@ class RawStream:
             return bool(data)
         size = int(self._read_until(b"\r\n").split(b";")[0], 16)
         if size == 0:
+            self.ended = True  # the chunked body's own end, not a cut connection
             return False
         while len(self._buffer) < size + 2:
             data = self._recv()

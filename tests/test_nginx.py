@@ -1,0 +1,136 @@
+"""The shipped conf/nginx.conf in front of the server: a real nginx, on loopback.
+
+CI installs nginx (.ci/run sets KRONK_TEST_REQUIRE_NGINX); elsewhere these tests
+are skipped when nginx is not installed.
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from .conftest import FAULTY, ROOT, free_port, run_server
+from .support.rawhttp import RawStream
+
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "Hello there"}]
+READ_TIMEOUT = 2  # proxy_read_timeout in these tests: shorter than the silent prefill below
+
+if shutil.which("nginx") is None:
+    if os.environ.get("KRONK_TEST_REQUIRE_NGINX"):
+        raise RuntimeError("nginx is required here (KRONK_TEST_REQUIRE_NGINX) but not installed")
+    pytest.skip("nginx is not installed", allow_module_level=True)
+
+
+@contextlib.contextmanager
+def run_nginx(tmp_path: Path, upstream_port: int):
+    """nginx running conf/nginx.conf as shipped, but for its listen port, upstream port and read timeout."""
+    port = free_port()
+    conf = (ROOT / "conf" / "nginx.conf").read_text()
+    conf, n_listen = re.subn(r"listen 80;", f"listen 127.0.0.1:{port};", conf)
+    conf, n_upstream = re.subn(r"server 127\.0\.0\.1:8000;", f"server 127.0.0.1:{upstream_port};", conf)
+    conf, n_timeout = re.subn(r"proxy_read_timeout \d+s;", f"proxy_read_timeout {READ_TIMEOUT}s;", conf)
+    assert n_listen == n_upstream == n_timeout == 1, "conf/nginx.conf changed shape"
+    (tmp_path / "kronk.conf").write_text(conf)
+    main = tmp_path / "nginx.conf"
+    main.write_text(f"""
+        user root;
+        daemon off;
+        worker_processes 1;
+        pid {tmp_path}/nginx.pid;
+        error_log {tmp_path}/error.log info;
+        events {{ worker_connections 256; }}
+        http {{
+            access_log off;
+            client_body_temp_path {tmp_path}/body;
+            proxy_temp_path {tmp_path}/proxy;
+            include {tmp_path}/kronk.conf;
+        }}
+    """)
+    proc = subprocess.Popen(["nginx", "-c", str(main), "-p", str(tmp_path)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "nginx did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def proxied(tiny_model, tmp_path_factory):
+    """The tiny model behind nginx: 0.1 s per token, a 4 s silent prefill when asked, one place."""
+    models = '{"tiny": {"path": "%s", "engine": "%s"}}' % (tiny_model, FAULTY)
+    env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.1", "KRONK_TEST_PREFILL_DELAY": "0.1",
+           "KRONK_KEEPALIVE_INTERVAL": "0.5",
+           "KRONK_QUEUE_DEPTH": "1", "KRONK_ADMISSION_TIMEOUT": "1"}
+    tmp = tmp_path_factory.mktemp("nginx")
+    with run_server(tmp, env) as server, run_nginx(tmp, server.port) as (url, port):
+        yield server, url, port
+
+
+def body(**fields):
+    return {"model": "tiny", "messages": HELLO, "stream": True, "logit_bias": {"2": -100}, **fields}
+
+
+def test_streams_pass_unbuffered(proxied):
+    server, url, port = proxied
+    stream = RawStream("127.0.0.1", port, CHAT, body(max_tokens=20))
+    arrivals = [arrived for arrived, frame in stream.frames() if frame.startswith("data: {")]
+    assert stream.ended and len(arrivals) >= 20
+    assert arrivals[-1] - arrivals[0] > 1.0  # 0.1 s a token: they came one by one, not all at the end
+
+
+def test_keepalives_outlast_a_short_proxy_read_timeout(proxied, tmp_path):
+    """A silent prefill longer than proxy_read_timeout: the keep-alive comments keep nginx waiting."""
+    server, url, port = proxied
+    long_prompt = [{"role": "user", "content": "word " * 300}]  # 40 prefill chunks at 0.1 s each
+    stream = RawStream("127.0.0.1", port, CHAT, body(messages=long_prompt, max_tokens=3))
+    frames = [frame for _, frame in stream.frames()]
+    assert stream.ended and frames[-1] == "data: [DONE]"
+    assert ": keep-alive" in frames
+
+
+def test_a_client_gone_through_nginx_frees_the_slot(proxied):
+    server, url, port = proxied
+    stream = RawStream("127.0.0.1", port, CHAT, body(max_tokens=500))
+    next(stream.frames())
+    stream.close()
+    deadline = time.monotonic() + 30
+    while True:  # with one place and a 1 s admission wait, this is a 429 until the slot is free
+        reply = requests.post(url + CHAT, json={"model": "tiny", "messages": HELLO, "max_tokens": 2}, timeout=30)
+        if reply.status_code == 200:
+            break
+        assert reply.status_code == 429 and time.monotonic() < deadline
+    assert '"outcome": "client_gone"' in server.logs()
+
+
+def test_429_passes_through_in_the_api_shape(proxied):
+    server, url, port = proxied
+    holder = RawStream("127.0.0.1", port, CHAT, body(max_tokens=200))
+    next(holder.frames())
+    refused = requests.post(url + CHAT, json={"model": "tiny", "messages": HELLO, "max_tokens": 2}, timeout=30)
+    holder.close()
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "model_busy" and refused.headers["Retry-After"]
+
+
+def test_request_id_is_kept_or_made(proxied):
+    server, url, port = proxied
+    given = requests.get(url + "/v1/liveness", headers={"X-Request-ID": "client-chosen-42"}, timeout=10)
+    assert given.headers["X-Request-ID"] == "client-chosen-42"
+    made = requests.get(url + "/v1/liveness", timeout=10)
+    assert re.fullmatch(r"[0-9a-f]{32}", made.headers["X-Request-ID"])
+    assert '"request_id": "client-chosen-42"' in server.logs()

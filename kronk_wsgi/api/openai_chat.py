@@ -4,13 +4,13 @@ import time
 import uuid
 from typing import Iterator, Optional
 
-from flask import Blueprint, jsonify
+from flask import Blueprint
 
-from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall, Usage
-from ..serving.session import Session
-from .generation import run_to_end, start_generation
+from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
+from .generation import start_generation
+from .response import Encoder, respond
 from .schemas import ChatCompletionRequest, parse_body
-from .sse import DONE, KEEPALIVE_COMMENT, event_stream, sse
+from .sse import DONE, sse
 from .state import record
 
 bp = Blueprint("openai_chat", __name__)
@@ -59,24 +59,8 @@ def chat_completions():
         stop=body.stop_sequences(),
     )
     completion_id = record().response_id = "chatcmpl-" + uuid.uuid4().hex
-    created = int(time.time())
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        response = event_stream(_stream(session, body.model, completion_id, created, include_usage))
-        response.call_on_close(session.close)
-        return response
-    return _whole(session, body.model, completion_id, created)
-
-
-def _chunk(completion_id: str, created: int, model: str, delta: dict, finish: Optional[str], include_usage: bool) -> dict:
-    chunk = {
-        "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-        "system_fingerprint": FINGERPRINT,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
-    if include_usage:
-        chunk["usage"] = None
-    return chunk
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return respond(session, ChatEncoder(body.model, completion_id, int(time.time()), include_usage), body.stream)
 
 
 def _tool_call(call: ToolCall, index: int) -> dict:
@@ -84,49 +68,51 @@ def _tool_call(call: ToolCall, index: int) -> dict:
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _stream(session: Session, model: str, completion_id: str, created: int, include_usage: bool) -> Iterator[str]:
-    """The chunks: role first (the commit), then text and tool calls, finish, usage, [DONE]."""
+class ChatEncoder(Encoder):
+    """chat.completion.chunk frames: role first (the commit), text and tool calls, finish, usage, [DONE]."""
 
-    def chunk(delta: dict, finish: Optional[str] = None) -> str:
-        return sse(_chunk(completion_id, created, model, delta, finish, include_usage))
+    def __init__(self, model: str, completion_id: str, created: int, include_usage: bool) -> None:
+        self.head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                     "system_fingerprint": FINGERPRINT}
+        self.include_usage = include_usage
+        self.calls = 0
 
-    calls = 0
-    try:
-        yield chunk({"role": "assistant", "content": ""})
-        for event in session:
-            if isinstance(event, TextDelta):
-                yield chunk({"content": event.text})
-            elif isinstance(event, ToolCall):
-                # The call's head, then its arguments: clients accumulate the deltas by index.
-                head = _tool_call(event, calls)
-                yield chunk({"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]})
-                yield chunk({"tool_calls": [{"index": calls, "function": {"arguments": event.arguments}}]})
-                calls += 1
-            elif isinstance(event, KeepAlive):
-                yield KEEPALIVE_COMMENT
-            elif isinstance(event, Finished):
-                yield chunk({}, event.reason)
-                if include_usage:
-                    final = _chunk(completion_id, created, model, {}, None, include_usage)
-                    yield sse({**final, "choices": [], "usage": usage_body(event.usage)})
-                yield DONE
-            elif isinstance(event, Failed):
-                yield sse(failure_body(event))
-    finally:
-        session.close()
+    def _chunk(self, delta: dict, finish: Optional[str] = None) -> str:
+        chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if self.include_usage:
+            chunk["usage"] = None
+        return sse(chunk)
 
+    def start(self) -> Iterator[str]:
+        yield self._chunk({"role": "assistant", "content": ""})
 
-def _whole(session: Session, model: str, completion_id: str, created: int):
-    """Run the session to its end and answer with one chat.completion object."""
-    output, finished = run_to_end(session)
-    text = "".join(e.text for e in output if isinstance(e, TextDelta))
-    calls = [_tool_call(e, i) for i, e in enumerate(e for e in output if isinstance(e, ToolCall))]
-    message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
-    if calls:
-        message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
-    return jsonify({
-        "id": completion_id, "object": "chat.completion", "created": created, "model": model,
-        "system_fingerprint": FINGERPRINT,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finished.reason}],
-        "usage": usage_body(finished.usage),
-    })
+    def text(self, event: TextDelta) -> Iterator[str]:
+        yield self._chunk({"content": event.text})
+
+    def tool_call(self, event: ToolCall) -> Iterator[str]:
+        # The call's head, then its arguments: clients accumulate the deltas by index.
+        head = _tool_call(event, self.calls)
+        yield self._chunk({"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]})
+        yield self._chunk({"tool_calls": [{"index": self.calls, "function": {"arguments": event.arguments}}]})
+        self.calls += 1
+
+    def finished(self, event: Finished) -> Iterator[str]:
+        yield self._chunk({}, event.reason)
+        if self.include_usage:
+            yield sse({**self.head, "choices": [], "usage": usage_body(event.usage)})
+        yield DONE
+
+    def failed(self, event: Failed) -> Iterator[str]:
+        yield sse(failure_body(event))
+
+    def whole(self, output: list[Event], finished: Finished) -> dict:
+        text = "".join(e.text for e in output if isinstance(e, TextDelta))
+        calls = [_tool_call(e, i) for i, e in enumerate(e for e in output if isinstance(e, ToolCall))]
+        message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
+        if calls:
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+        return {
+            **self.head, "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finished.reason}],
+            "usage": usage_body(finished.usage),
+        }

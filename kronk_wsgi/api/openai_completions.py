@@ -5,15 +5,15 @@ import uuid
 from typing import Annotated, Iterator, Literal, Optional
 
 import pydantic
-from flask import Blueprint, jsonify
+from flask import Blueprint
 from pydantic import Field
 
-from ..serving.events import Failed, Finished, KeepAlive, TextDelta
-from ..serving.session import Session
-from .generation import run_to_end, start_generation
+from ..serving.events import Event, Failed, Finished, TextDelta
+from .generation import start_generation
 from .openai_chat import FINGERPRINT, failure_body, usage_body
+from .response import Encoder, respond
 from .schemas import SamplingFields, StreamOptions, parse_body
-from .sse import DONE, KEEPALIVE_COMMENT, event_stream, sse
+from .sse import DONE, sse
 from .state import record
 
 bp = Blueprint("openai_completions", __name__)
@@ -51,45 +51,41 @@ def completions():
         sampling=lambda model: body.sampling(model.engine.tokenizer.vocab_size),
         stop=body.stop_sequences(),
     )
-    head = {
-        "id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
-        "model": body.model, "system_fingerprint": FINGERPRINT,
-    }
-    record().response_id = head["id"]
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        response = event_stream(_stream(session, head, include_usage))
-        response.call_on_close(session.close)
-        return response
-    return _whole(session, head)
+    completion_id = record().response_id = "cmpl-" + uuid.uuid4().hex
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return respond(session, CompletionEncoder(body.model, completion_id, include_usage), body.stream)
 
 
 def _choice(text: str, finish: Optional[str]) -> dict:
     return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
 
 
-def _stream(session: Session, head: dict, include_usage: bool) -> Iterator[str]:
-    """Text chunks, the finish chunk, usage, [DONE]; the first frame is the commit."""
-    extra = {"usage": None} if include_usage else {}
-    try:
-        yield sse({**head, "choices": [_choice("", None)], **extra})
-        for event in session:
-            if isinstance(event, TextDelta):
-                yield sse({**head, "choices": [_choice(event.text, None)], **extra})
-            elif isinstance(event, KeepAlive):
-                yield KEEPALIVE_COMMENT
-            elif isinstance(event, Finished):
-                yield sse({**head, "choices": [_choice("", event.reason)], **extra})
-                if include_usage:
-                    yield sse({**head, "choices": [], "usage": usage_body(event.usage)})
-                yield DONE
-            elif isinstance(event, Failed):
-                yield sse(failure_body(event))
-    finally:
-        session.close()
+class CompletionEncoder(Encoder):
+    """text_completion frames: an empty choice first (the commit), text, finish, usage, [DONE]."""
 
+    def __init__(self, model: str, completion_id: str, include_usage: bool) -> None:
+        self.head = {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
+                     "system_fingerprint": FINGERPRINT}
+        self.extra = {"usage": None} if include_usage else {}
 
-def _whole(session: Session, head: dict):
-    output, finished = run_to_end(session)
-    text = "".join(e.text for e in output if isinstance(e, TextDelta))
-    return jsonify({**head, "choices": [_choice(text, finished.reason)], "usage": usage_body(finished.usage)})
+    def _frame(self, text: str, finish: Optional[str] = None) -> str:
+        return sse({**self.head, "choices": [_choice(text, finish)], **self.extra})
+
+    def start(self) -> Iterator[str]:
+        yield self._frame("")
+
+    def text(self, event: TextDelta) -> Iterator[str]:
+        yield self._frame(event.text)
+
+    def finished(self, event: Finished) -> Iterator[str]:
+        yield self._frame("", event.reason)
+        if self.extra:
+            yield sse({**self.head, "choices": [], "usage": usage_body(event.usage)})
+        yield DONE
+
+    def failed(self, event: Failed) -> Iterator[str]:
+        yield sse(failure_body(event))
+
+    def whole(self, output: list[Event], finished: Finished) -> dict:
+        text = "".join(e.text for e in output if isinstance(e, TextDelta))
+        return {**self.head, "choices": [_choice(text, finished.reason)], "usage": usage_body(finished.usage)}

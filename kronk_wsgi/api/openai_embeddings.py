@@ -8,7 +8,8 @@ import pydantic
 from flask import Blueprint, jsonify
 from pydantic import Field
 
-from .generation import run_to_end, start_embedding
+from .generation import start_embedding
+from .response import run_to_end
 from .schemas import Strict, parse_body
 
 bp = Blueprint("openai_embeddings", __name__)

@@ -5,15 +5,15 @@ import uuid
 from typing import Annotated, Any, Iterator, Literal, Optional, Union
 
 import pydantic
-from flask import Blueprint, jsonify
+from flask import Blueprint
 from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
-from ..serving.events import Failed, Finished, KeepAlive, TextDelta, ToolCall, Usage
-from ..serving.session import Session
-from .generation import run_to_end, start_generation
+from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
+from .generation import start_generation
+from .response import Encoder, respond
 from .schemas import FunctionName, Strict, json_object, parse_body, template_role, template_tool, template_tool_call
-from .sse import KEEPALIVE_COMMENT, event_stream, sse
+from .sse import sse
 from .state import record
 
 bp = Blueprint("openai_responses", __name__)
@@ -211,11 +211,7 @@ def responses():
         "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p, "truncation": "disabled",
         "usage": None, "user": body.user, "metadata": body.metadata or {},
     }
-    if body.stream:
-        response = event_stream(_Stream(session, base).frames())
-        response.call_on_close(session.close)
-        return response
-    return _whole(session, base)
+    return respond(session, ResponsesEncoder(base), body.stream)
 
 
 def _final(base: dict, output: list[dict], event: Finished) -> dict:
@@ -232,47 +228,26 @@ def _output_text(output: list[dict]) -> str:
     return "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
 
 
-class _Stream:
-    """The event sequence of one streamed response, numbered from 0."""
+class ResponsesEncoder(Encoder):
+    """Numbered events from 0: created and in_progress (the commit), output items, completed or incomplete."""
 
-    def __init__(self, session: Session, base: dict) -> None:
-        self.session = session
+    def __init__(self, base: dict) -> None:
         self.base = base
         self.sequence = 0
         self.output: list[dict] = []
         self.message_id: Optional[str] = None  # the message item being written, if any
-        self.text: list[str] = []
+        self.texts: list[str] = []
 
     def _event(self, kind: str, **fields: Any) -> str:
         frame = sse({"type": kind, "sequence_number": self.sequence, **fields}, kind)
         self.sequence += 1
         return frame
 
-    def frames(self) -> Iterator[str]:
-        try:
-            yield self._event("response.created", response=self.base)
-            yield self._event("response.in_progress", response=self.base)
-            for event in self.session:
-                if isinstance(event, TextDelta):
-                    yield from self._text(event.text)
-                elif isinstance(event, ToolCall):
-                    yield from self._close_message("completed")
-                    yield from self._call(event)
-                elif isinstance(event, KeepAlive):
-                    yield KEEPALIVE_COMMENT
-                elif isinstance(event, Finished):
-                    yield from self._close_message("incomplete" if event.reason == "length" else "completed")
-                    final = _final(self.base, self.output, event)
-                    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-                    yield self._event(kind, response=final)
-                elif isinstance(event, Failed):
-                    error = {"code": "server_error", "message": event.message}
-                    failed = {**self.base, "status": "failed", "error": error, "output": self.output}
-                    yield self._event("response.failed", response=failed)
-        finally:
-            self.session.close()
+    def start(self) -> Iterator[str]:
+        yield self._event("response.created", response=self.base)
+        yield self._event("response.in_progress", response=self.base)
 
-    def _text(self, text: str) -> Iterator[str]:
+    def text(self, event: TextDelta) -> Iterator[str]:
         where = {"output_index": len(self.output), "content_index": 0}
         if self.message_id is None:
             self.message_id = _new_id("msg_")
@@ -280,41 +255,50 @@ class _Stream:
                               item=_message_item(self.message_id, "", "in_progress"))
             yield self._event("response.content_part.added", item_id=self.message_id, **where,
                               part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-        self.text.append(text)
-        yield self._event("response.output_text.delta", item_id=self.message_id, **where, delta=text, logprobs=[])
+        self.texts.append(event.text)
+        yield self._event("response.output_text.delta", item_id=self.message_id, **where, delta=event.text, logprobs=[])
 
     def _close_message(self, status: str) -> Iterator[str]:
         if self.message_id is None:
             return
-        text, item_id = "".join(self.text), self.message_id
+        text, item_id = "".join(self.texts), self.message_id
         where = {"item_id": item_id, "output_index": len(self.output), "content_index": 0}
         item = _message_item(item_id, text, status)
         yield self._event("response.output_text.done", **where, text=text, logprobs=[])
         yield self._event("response.content_part.done", **where, part=item["content"][0])
         yield self._event("response.output_item.done", output_index=len(self.output), item=item)
         self.output.append(item)
-        self.message_id, self.text = None, []
+        self.message_id, self.texts = None, []
 
-    def _call(self, call: ToolCall) -> Iterator[str]:
-        index, item_id = len(self.output), "fc_" + call.id
-        yield self._event("response.output_item.added", output_index=index, item=_call_item(call, "", "in_progress"))
+    def tool_call(self, event: ToolCall) -> Iterator[str]:
+        yield from self._close_message("completed")
+        index, item_id = len(self.output), "fc_" + event.id
+        yield self._event("response.output_item.added", output_index=index, item=_call_item(event, "", "in_progress"))
         yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                          delta=call.arguments)
+                          delta=event.arguments)
         yield self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                          arguments=call.arguments)
-        item = _call_item(call, call.arguments, "completed")
+                          arguments=event.arguments)
+        item = _call_item(event, event.arguments, "completed")
         yield self._event("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
 
+    def finished(self, event: Finished) -> Iterator[str]:
+        yield from self._close_message("incomplete" if event.reason == "length" else "completed")
+        final = _final(self.base, self.output, event)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        yield self._event(kind, response=final)
 
-def _whole(session: Session, base: dict):
-    """Run the session to its end and answer with one response object."""
-    events, finished = run_to_end(session)
-    output: list[dict] = []
-    for position, event in enumerate(events):
-        if isinstance(event, ToolCall):
-            output.append(_call_item(event, event.arguments, "completed"))
-        else:
-            cut_short = position == len(events) - 1 and finished.reason == "length"
-            output.append(_message_item(_new_id("msg_"), event.text, "incomplete" if cut_short else "completed"))
-    return jsonify({**_final(base, output, finished), "output_text": _output_text(output)})
+    def failed(self, event: Failed) -> Iterator[str]:
+        error = {"code": "server_error", "message": event.message}
+        yield self._event("response.failed", response={**self.base, "status": "failed", "error": error,
+                                                         "output": self.output})
+
+    def whole(self, output: list[Event], finished: Finished) -> dict:
+        items: list[dict] = []
+        for position, event in enumerate(output):
+            if isinstance(event, ToolCall):
+                items.append(_call_item(event, event.arguments, "completed"))
+            else:
+                cut_short = position == len(output) - 1 and finished.reason == "length"
+                items.append(_message_item(_new_id("msg_"), event.text, "incomplete" if cut_short else "completed"))
+        return {**_final(self.base, items, finished), "output_text": _output_text(items)}

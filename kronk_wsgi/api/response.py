@@ -1,0 +1,106 @@
+"""One response path for every generating protocol: the commit, the stream, the whole answer, the close.
+
+A protocol is an ``Encoder``: how it writes the neutral events as SSE frames
+when streamed, and as one object when not. ``respond`` does the rest, the same
+way for every protocol: the first frames go out at once (the commit), each
+event becomes frames, a failure after the commit (the engine's, the request
+timeout, a shutdown) becomes the protocol's in-band error and a proper end of
+the body, and the session is closed however the stream ends.
+"""
+
+import abc
+from typing import Iterator
+
+from flask import Response, jsonify
+
+from ..serving.events import Event, Failed, Finished, KeepAlive, TextDelta, ToolCall
+from ..serving.session import Session
+from .errors import ApiError
+from .sse import KEEPALIVE_COMMENT, event_stream
+
+# The status of an answer that is not streamed, by how its generation failed.
+FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
+
+
+class Encoder(abc.ABC):
+    """One protocol's way of writing a generation."""
+
+    keepalive = KEEPALIVE_COMMENT  # the frame sent after a keep-alive interval of silence
+
+    @abc.abstractmethod
+    def start(self) -> Iterator[str]:
+        """The first frames: they commit the response."""
+
+    @abc.abstractmethod
+    def text(self, event: TextDelta) -> Iterator[str]:
+        """Frames for new text."""
+
+    def tool_call(self, event: ToolCall) -> Iterator[str]:
+        """Frames for a tool call (only protocols that take tools get one)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no tools")
+
+    @abc.abstractmethod
+    def finished(self, event: Finished) -> Iterator[str]:
+        """The last frames of a generation that ended normally."""
+
+    @abc.abstractmethod
+    def failed(self, event: Failed) -> Iterator[str]:
+        """The in-band error of a generation that failed after the commit."""
+
+    @abc.abstractmethod
+    def whole(self, output: list[Event], finished: Finished) -> dict:
+        """The answer as one object, when it is not streamed."""
+
+    def frames(self, events: Iterator[Event]) -> Iterator[str]:
+        """Every frame of a streamed answer, from the start to the protocol's end or its in-band error."""
+        yield from self.start()
+        for event in events:
+            if isinstance(event, TextDelta):
+                yield from self.text(event)
+            elif isinstance(event, ToolCall):
+                yield from self.tool_call(event)
+            elif isinstance(event, KeepAlive):
+                yield self.keepalive
+            elif isinstance(event, Finished):
+                yield from self.finished(event)
+            elif isinstance(event, Failed):
+                yield from self.failed(event)
+
+
+def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
+    """The response to a generation: an SSE stream, or the whole answer once it is done."""
+    if stream:
+        response = event_stream(_closing(session, encoder))
+        response.call_on_close(session.close)
+        return response
+    output, finished = run_to_end(session)
+    return jsonify(encoder.whole(output, finished))
+
+
+def _closing(session: Session, encoder: Encoder) -> Iterator[str]:
+    try:
+        yield from encoder.frames(iter(session))
+    finally:
+        session.close()
+
+
+def run_to_end(session: Session) -> tuple[list[Event], Finished]:
+    """Run a session whose answer is not streamed: its output events and how it finished.
+
+    Consecutive text deltas come back merged into one. An engine failure becomes a 500 (the request
+    timeout a 504, a shutdown a 503), a client that left a 499; the session is closed in every case.
+    """
+    output: list[Event] = []
+    try:
+        for event in session:
+            if isinstance(event, Finished):
+                return output, event
+            if isinstance(event, Failed):
+                raise ApiError(FAILURE_STATUS.get(event.code, 500), event.message, code=event.code)
+            if isinstance(event, TextDelta) and output and isinstance(output[-1], TextDelta):
+                output[-1] = TextDelta(output[-1].text + event.text)
+            elif not isinstance(event, KeepAlive):
+                output.append(event)
+    finally:
+        session.close()
+    raise ApiError(499, "client closed the connection")

@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: OpenAI chat completions, streamed or whole."""
 
+import abc
 import time
 import uuid
 from typing import Iterator, Optional
@@ -68,13 +69,34 @@ def _tool_call(call: ToolCall, index: int) -> dict:
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-class ChatEncoder(Encoder):
+class OpenAIEncoder(Encoder):
+    """What OpenAI's chunk protocols share: a finish chunk, usage if asked for, [DONE]; a failure as data."""
+
+    def __init__(self, head: dict, include_usage: bool) -> None:
+        self.head = head
+        self.include_usage = include_usage
+
+    @abc.abstractmethod
+    def _finish(self, reason: str) -> str:
+        """The chunk that carries the finish reason."""
+
+    def finished(self, event: Finished) -> Iterator[str]:
+        yield self._finish(event.reason)
+        if self.include_usage:
+            yield sse({**self.head, "choices": [], "usage": usage_body(event.usage)})
+        yield DONE
+
+    def failed(self, event: Failed) -> Iterator[str]:
+        yield sse(failure_body(event))
+
+
+class ChatEncoder(OpenAIEncoder):
     """chat.completion.chunk frames: role first (the commit), text and tool calls, finish, usage, [DONE]."""
 
     def __init__(self, model: str, completion_id: str, created: int, include_usage: bool) -> None:
-        self.head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                     "system_fingerprint": FINGERPRINT}
-        self.include_usage = include_usage
+        head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": FINGERPRINT}
+        super().__init__(head, include_usage)
         self.calls = 0
 
     def _chunk(self, delta: dict, finish: Optional[str] = None) -> str:
@@ -96,14 +118,8 @@ class ChatEncoder(Encoder):
         yield self._chunk({"tool_calls": [{"index": self.calls, "function": {"arguments": event.arguments}}]})
         self.calls += 1
 
-    def finished(self, event: Finished) -> Iterator[str]:
-        yield self._chunk({}, event.reason)
-        if self.include_usage:
-            yield sse({**self.head, "choices": [], "usage": usage_body(event.usage)})
-        yield DONE
-
-    def failed(self, event: Failed) -> Iterator[str]:
-        yield sse(failure_body(event))
+    def _finish(self, reason: str) -> str:
+        return self._chunk({}, reason)
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
         text = "".join(e.text for e in output if isinstance(e, TextDelta))

@@ -8,12 +8,12 @@ import pydantic
 from flask import Blueprint
 from pydantic import Field
 
-from ..serving.events import Event, Failed, Finished, TextDelta
+from ..serving.events import Event, Finished, TextDelta
 from .generation import start_generation
-from .openai_chat import FINGERPRINT, failure_body, usage_body
-from .response import Encoder, respond
+from .openai_chat import FINGERPRINT, OpenAIEncoder, usage_body
+from .response import respond
 from .schemas import SamplingFields, StreamOptions, parse_body
-from .sse import DONE, sse
+from .sse import sse
 from .state import record
 
 bp = Blueprint("openai_completions", __name__)
@@ -60,16 +60,17 @@ def _choice(text: str, finish: Optional[str]) -> dict:
     return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
 
 
-class CompletionEncoder(Encoder):
+class CompletionEncoder(OpenAIEncoder):
     """text_completion frames: an empty choice first (the commit), text, finish, usage, [DONE]."""
 
     def __init__(self, model: str, completion_id: str, include_usage: bool) -> None:
-        self.head = {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
-                     "system_fingerprint": FINGERPRINT}
-        self.extra = {"usage": None} if include_usage else {}
+        head = {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
+                "system_fingerprint": FINGERPRINT}
+        super().__init__(head, include_usage)
 
     def _frame(self, text: str, finish: Optional[str] = None) -> str:
-        return sse({**self.head, "choices": [_choice(text, finish)], **self.extra})
+        extra = {"usage": None} if self.include_usage else {}
+        return sse({**self.head, "choices": [_choice(text, finish)], **extra})
 
     def start(self) -> Iterator[str]:
         yield self._frame("")
@@ -77,14 +78,8 @@ class CompletionEncoder(Encoder):
     def text(self, event: TextDelta) -> Iterator[str]:
         yield self._frame(event.text)
 
-    def finished(self, event: Finished) -> Iterator[str]:
-        yield self._frame("", event.reason)
-        if self.extra:
-            yield sse({**self.head, "choices": [], "usage": usage_body(event.usage)})
-        yield DONE
-
-    def failed(self, event: Failed) -> Iterator[str]:
-        yield sse(failure_body(event))
+    def _finish(self, reason: str) -> str:
+        return self._frame("", reason)
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
         text = "".join(e.text for e in output if isinstance(e, TextDelta))

@@ -45,7 +45,8 @@ class Kronk:
         metrics = Metrics()
         pool = ModelPool(settings, metrics)
         workers = ThreadPool(REQUEST_WORKERS)
-        app.extensions["kronk"] = KronkState(settings, pool, metrics, workers, url_prefix.rstrip("/"))
+        prefix = url_prefix.rstrip("/")
+        app.extensions["kronk"] = KronkState(settings, pool, metrics, workers, prefix)
         api = Blueprint("kronk", __name__)
         for blueprint in (
             service.bp, openai_chat.bp, openai_responses.bp, openai_completions.bp, openai_embeddings.bp,
@@ -53,7 +54,7 @@ class Kronk:
         ):
             api.register_blueprint(blueprint)
         hooks.install(api)
-        app.register_blueprint(api, url_prefix=url_prefix.rstrip("/") or None)
+        app.register_blueprint(api, url_prefix=prefix or None)
         gevent.spawn(_warm_up, pool, settings.default_model)
 
 

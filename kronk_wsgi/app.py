@@ -3,11 +3,14 @@
 from typing import Any, Mapping, Optional
 
 import gevent
-from gevent.threadpool import ThreadPool
 import structlog
-from flask import Blueprint, Flask
+from flask import Blueprint, Flask, request
+from flask_cors import CORS
+from gevent.threadpool import ThreadPool
+from werkzeug.exceptions import HTTPException
 
 from .api import anthropic, hooks, openai_chat, openai_completions, openai_embeddings, openai_responses, service, tokens
+from .api.errors import ApiError, error_response
 from .api.state import KronkState
 from .config import FIELDS, Settings, config_key, read_config, settings_from_config
 from .logs import configure_logging
@@ -54,6 +57,8 @@ class Kronk:
         ):
             api.register_blueprint(blueprint)
         hooks.install(api)
+        if settings.cors_origins:
+            CORS(api, origins=settings.cors_origins, expose_headers=["X-Request-ID", "request-id"], max_age=600)
         app.register_blueprint(api, url_prefix=prefix or None)
         gevent.spawn(_warm_up, pool, settings.default_model)
 
@@ -73,4 +78,6 @@ def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:
     app.config.update(read_config())
     app.config.update(config or {})
     Kronk(app)
+    # The standalone server is all API: paths outside kronk_wsgi's routes answer in JSON too.
+    app.register_error_handler(HTTPException, lambda exc: error_response(ApiError.from_http(exc), request.path))
     return app

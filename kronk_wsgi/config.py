@@ -61,6 +61,7 @@ class Settings(BaseModel):
     request_timeout: float = Field(3600.0, gt=0)
     drain_timeout: float = Field(120.0, ge=0)  # on shutdown, seconds running streams may go on
     api_keys: list[str] = Field(default_factory=list)  # empty: no auth
+    cors_origins: list[str] = Field(default_factory=list)  # web origins allowed to call the API ("*": any)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_body_values: int = Field(20_000, ge=100)  # JSON values in one body (validation time grows with them)
     body_timeout: float = Field(30.0, gt=0)  # seconds for a request body to arrive (408 after)
@@ -82,13 +83,20 @@ class Settings(BaseModel):
             models[model_id.strip()] = {"path": path.strip()}
         return models
 
-    @pydantic.field_validator("api_keys", mode="before")
+    @pydantic.field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
-    def _parse_keys(cls, value: Any) -> Any:
+    def _parse_list(cls, value: Any) -> Any:
         """From the environment: comma-separated, or a JSON list."""
         if isinstance(value, str):
             return json.loads(value) if value.lstrip().startswith("[") else [key.strip() for key in value.split(",")]
         return value
+
+    @pydantic.field_validator("cors_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        if any(not origin.strip() for origin in origins):
+            raise ValueError("an origin is empty")
+        return origins
 
     @pydantic.field_validator("api_keys")
     @classmethod

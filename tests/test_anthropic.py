@@ -39,7 +39,11 @@ def test_create(client):
         assert message.usage.output_tokens == 9
     assert [b.type for b in message.content] in ([], ["text"])
     counted = client.messages.count_tokens(model="tiny", messages=HELLO, system="Be brief.")
-    assert counted.input_tokens == message.usage.input_tokens
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+    again = client.messages.create(model="tiny", max_tokens=9, messages=HELLO, system="Be brief.")
+    assert again.usage.cache_read_input_tokens > 0  # the slot still holds this prompt's prefix
+    assert again.usage.input_tokens + again.usage.cache_read_input_tokens == counted.input_tokens
+    assert again.usage.cache_creation_input_tokens == 0
 
 
 def test_stream_matches_create(client):
@@ -66,7 +70,8 @@ def test_raw_event_order_and_headers(server):
     assert start["content"] == [] and start["stop_reason"] is None
     counted = requests.post(server.url + MESSAGES + "/count_tokens",
                             json={"model": "tiny", "messages": HELLO}, timeout=30).json()
-    assert start["usage"] == {"input_tokens": counted["input_tokens"], "output_tokens": 0}
+    assert start["usage"] == {"input_tokens": counted["input_tokens"], "output_tokens": 0,
+                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
     middle = names[2:-3]
     assert names[:2] == ["message_start", "content_block_start"] and set(middle) == {"content_block_delta"}
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
@@ -95,7 +100,10 @@ def test_content_blocks_and_cache_control_are_taken(client):
     )
     same = client.messages.create(model="tiny", max_tokens=3, system="Be brief.",
                                   messages=[{"role": "user", "content": "Hello there"}])
-    assert message.usage.input_tokens == same.usage.input_tokens
+    def whole(usage):
+        return usage.input_tokens + usage.cache_read_input_tokens
+
+    assert whole(message.usage) == whole(same.usage)
 
 
 def test_client_errors(client):

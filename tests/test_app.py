@@ -175,7 +175,7 @@ def test_gunicorn_config_file(tmp_path, tiny_model):
             try:
                 if requests.get(f"http://127.0.0.1:{port}/v1/readiness", timeout=1).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or still booting
                 time.sleep(0.1)
         live = requests.get(f"http://127.0.0.1:{port}/v1/liveness", timeout=5).json()
         assert live["status"] == "ok" and live["pid"] != proc.pid  # answered by a worker

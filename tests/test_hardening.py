@@ -229,3 +229,4 @@ def test_metrics_report_every_worker(tiny_model, tmp_path):
             counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                           if line.startswith("kronk_requests_total{") and 'route="/v1/liveness"' in line)
             assert counted == asked
+

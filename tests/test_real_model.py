@@ -154,7 +154,7 @@ def test_anthropic_client_ends_its_turn(server):
         extra_body={"temperature": 0},  # this client version no longer has the argument; the API still does
     )
     assert message.stop_reason == "end_turn" and "Paris" in message.content[0].text
-    assert message.usage.input_tokens == 27
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == 27
     count = client.messages.count_tokens(model="smollm2", messages=[QUESTION])
     assert count.input_tokens == 37
 

@@ -206,7 +206,8 @@ def test_tool_history_renders_the_same_prompt_in_every_protocol(say, oa, an):
         {"type": "function_call_output", "call_id": "c1", "output": "sunny, 21 C"},
     ])
     assert chat.choices[0].message.content == message.content[0].text == response.output_text == "It is sunny."
-    sizes = {chat.usage.prompt_tokens, message.usage.input_tokens, counted.input_tokens, response.usage.input_tokens}
+    sizes = {chat.usage.prompt_tokens, message.usage.input_tokens + message.usage.cache_read_input_tokens,
+             counted.input_tokens, response.usage.input_tokens}
     assert len(sizes) == 1
     plain = oa.chat.completions.create(model="tiny", messages=ASK)
     assert plain.usage.prompt_tokens + 60 < chat.usage.prompt_tokens  # the tools and the history are in the prompt

@@ -71,10 +71,22 @@ def test_embeddings_float_and_base64(client, server):
     assert np.allclose(single.data[0].embedding, vectors[1], atol=1e-6)
 
 
+def test_embeddings_of_token_ids(client, server):
+    """LangChain's OpenAIEmbeddings sends token arrays: int[] and int[][] are the texts they stand for."""
+    ids = server.post("/v1/tokenize", {"model": "tiny", "text": "hello world"}).json()["tokens"]
+    text = client.embeddings.create(model="tiny", input="hello world", encoding_format="float").data[0].embedding
+    one = client.embeddings.create(model="tiny", input=ids, encoding_format="float")
+    assert len(one.data) == 1 and np.allclose(one.data[0].embedding, text, atol=1e-6)
+    assert one.usage.prompt_tokens == len(ids)
+    two = client.embeddings.create(model="tiny", input=[ids, ids[:2]], encoding_format="float")
+    assert [d.index for d in two.data] == [0, 1] and np.allclose(two.data[0].embedding, text, atol=1e-6)
+
+
 @pytest.mark.parametrize("payload,param", [
     ({"model": "tiny", "input": ""}, "input"),
     ({"model": "tiny", "input": []}, "input"),
-    ({"model": "tiny", "input": [1, 2]}, "input[0]"),
+    ({"model": "tiny", "input": [1, 99999]}, "input"),
+    ({"model": "tiny", "input": [[1, 2], []]}, "input[1]"),
     ({"model": "tiny", "input": "x", "encoding_format": "int8"}, "encoding_format"),
     ({"model": "tiny", "input": "x", "dimensions": 8}, None),
     ({"model": "tiny", "input": "word " * 3000}, "input"),

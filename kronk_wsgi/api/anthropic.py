@@ -9,7 +9,7 @@ import pydantic
 from pydantic import Field
 
 from ..engine.sampling import SamplingParams
-from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall
+from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
 from .errors import anthropic_error_body
 from .generation import get_model, render_chat, start_generation
 from .response import Encoder, respond
@@ -178,8 +178,16 @@ class MessagesRequest(CountTokensRequest):
         return SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0)
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+def _usage(usage: Usage) -> dict:
+    """Anthropic's usage: the prompt's tokens read from the slot's cache apart from those evaluated.
+
+    input_tokens + cache_read_input_tokens is the whole prompt. Every evaluated token is cached
+    for the next request, but not on request, so nothing counts as cache creation.
+    """
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage.cached_tokens,
+    }
 
 
 def _stop_reason(event: Finished) -> str:
@@ -232,7 +240,7 @@ class MessagesEncoder(Encoder):
     def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
         self.head = {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(input_tokens, 0),
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(Usage(input_tokens, 0)),
         }
         self.blocks = 0
         self.text_open = False
@@ -266,7 +274,7 @@ class MessagesEncoder(Encoder):
     def finished(self, event: Finished) -> Iterator[str]:
         yield from self._close_text()
         delta = {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence}
-        usage = _usage(event.usage.prompt_tokens, event.usage.completion_tokens)
+        usage = _usage(event.usage)
         yield sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")
 
@@ -282,5 +290,5 @@ class MessagesEncoder(Encoder):
         return {
             **self.head, "content": content, "stop_reason": _stop_reason(finished),
             "stop_sequence": finished.stop_sequence,
-            "usage": _usage(finished.usage.prompt_tokens, finished.usage.completion_tokens),
+            "usage": _usage(finished.usage),
         }

@@ -7,7 +7,7 @@ all happen here, so their failures are real HTTP errors.
 import select
 import socket
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import jsonschema
 import jsonschema.protocols
@@ -153,14 +153,23 @@ def _accept_calls(tools: list[dict], strict_tools: frozenset[str]) -> Callable[[
     return accept
 
 
-def start_embedding(model_id: str, inputs: list[str], param: str) -> Session:
-    """Admit and prepare the embedding of ``inputs``; return its not yet started session."""
+def start_embedding(model_id: str, inputs: list[Union[str, list[int]]], param: str) -> Session:
+    """Admit and prepare the embedding of ``inputs`` (texts, or token ids taken as they are); return its session."""
 
     def job(model: LoadedModel) -> EmbeddingJob:
         context = model.engine.context_length
+        vocab = model.engine.tokenizer.vocab_size
         token_lists = []
-        for index, text in enumerate(inputs):
-            tokens = model.tokenize(text)
+        for index, given in enumerate(inputs):
+            if isinstance(given, str) and model.engine.tokenizer.fewest_tokens(given) > context:
+                raise invalid(f"input {index} cannot fit this model's context of {context} tokens",
+                              param=param, code="context_length_exceeded")
+            if isinstance(given, str):
+                tokens = model.tokenize(given)
+            elif any(token >= vocab for token in given):
+                raise invalid(f"input {index} has token ids outside this model's vocabulary of {vocab}", param=param)
+            else:
+                tokens = given
             if len(tokens) > context:
                 raise invalid(
                     f"input {index} has {len(tokens)} tokens; this model's context is {context}",

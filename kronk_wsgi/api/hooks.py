@@ -29,7 +29,8 @@ def api_path() -> str:
 
 def _check_auth() -> None:
     keys = state().settings.api_keys
-    if not keys or api_path() in OPEN_PATHS:
+    # A browser's CORS preflight never carries a key: it asks whether the real request may be sent.
+    if not keys or api_path() in OPEN_PATHS or request.method == "OPTIONS":
         return
     header = request.headers.get("Authorization", "")
     given = header[7:] if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")

@@ -15,11 +15,17 @@ from .schemas import Strict, parse_body
 bp = Blueprint("openai_embeddings", __name__)
 
 NonEmpty = Annotated[str, Field(min_length=1)]
+Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class EmbeddingRequest(Strict):
+    """``input`` in every form OpenAI defines: a text, texts, token ids, or lists of token ids."""
+
     model: str
-    input: Union[NonEmpty, Annotated[list[NonEmpty], Field(min_length=1, max_length=2048)]]
+    input: Union[
+        NonEmpty, Annotated[list[NonEmpty], Field(min_length=1, max_length=2048)],
+        Tokens, Annotated[list[Tokens], Field(min_length=1, max_length=2048)],
+    ]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = None
     user: Optional[str] = None
@@ -41,7 +47,8 @@ def _encode(vector: np.ndarray, encoding: str):
 def embeddings():
     """Embed one text or a list of texts."""
     body = parse_body(EmbeddingRequest)
-    inputs = [body.input] if isinstance(body.input, str) else body.input
+    single = isinstance(body.input, str) or isinstance(body.input[0], int)
+    inputs = [body.input] if single else body.input
     output, finished = run_to_end(start_embedding(body.model, inputs, param="input"))
     data = [
         {"object": "embedding", "index": e.index, "embedding": _encode(e.vector, body.encoding_format)} for e in output

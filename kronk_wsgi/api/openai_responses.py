@@ -12,7 +12,9 @@ from ..engine.sampling import SamplingParams
 from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
 from .generation import start_generation
 from .response import Encoder, respond
-from .schemas import FunctionName, Strict, json_object, parse_body, template_role, template_tool, template_tool_call
+from .schemas import (
+    FunctionName, ServiceTier, Strict, json_object, parse_body, template_role, template_tool, template_tool_call,
+)
 from .sse import sse
 from .state import record
 
@@ -114,6 +116,7 @@ class ResponsesRequest(Strict):
     store: Optional[bool] = None
     previous_response_id: Optional[str] = None
     metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[ServiceTier] = None
     text: Optional[TextConfig] = None
     truncation: Optional[Literal["disabled"]] = None
     user: Optional[str] = None

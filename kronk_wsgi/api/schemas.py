@@ -161,6 +161,17 @@ class SamplingFields(Strict):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+# OpenAI's service tiers: this server has one, and it meets every one of them.
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+
+
+class Prediction(Strict):
+    """Predicted output: it only speeds answers up where it is used, so it changes nothing here."""
+
+    type: Literal["content"]
+    content: Union[str, list[TextPart]]
+
+
 class ChatCompletionRequest(SamplingFields):
     model: str
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -171,9 +182,17 @@ class ChatCompletionRequest(SamplingFields):
     stream_options: Optional[StreamOptions] = None
     max_tokens: Optional[Annotated[int, Field(ge=1)]] = None
     max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+    # Accepted as OpenAI's clients send them; none changes the answer.
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[ServiceTier] = None
+    modalities: Optional[list[Literal["text"]]] = None
+    prediction: Optional[Prediction] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatCompletionRequest":
+        if self.store:
+            raise ValueError("store must be false: this server keeps no chat completions")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
@@ -292,8 +311,9 @@ def _decode(schema: Type[M], body: bytes, max_values: int) -> M:
     try:
         return schema.model_validate(data)
     except pydantic.ValidationError as exc:
-        # The deepest error: for a union (str or list of parts) the branch that got furthest.
-        error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+        # The deepest error: for a union (str or list of parts) the branch that got furthest;
+        # at equal depth, a broken constraint says more than a wrong type.
+        error = max(exc.errors(include_url=False), key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
         param = _param(data, error["loc"], error["type"] == "missing")
         if error["type"] == "extra_forbidden":
             raise invalid(f"unrecognized request argument supplied: {param}", param=param) from None

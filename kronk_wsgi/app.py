@@ -1,5 +1,6 @@
 """The app factory and the Flask extension that embeds kronk_wsgi in any app."""
 
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import gevent
@@ -12,7 +13,8 @@ from werkzeug.exceptions import HTTPException
 from .api import anthropic, hooks, openai_chat, openai_completions, openai_embeddings, openai_responses, service, tokens
 from .api.errors import ApiError, error_response
 from .api.state import KronkState
-from .config import FIELDS, Settings, config_key, read_config, settings_from_config
+from .api.response_store import ResponseStore
+from .config import FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
 from .logs import configure_logging
 from .metrics import Metrics
 from .serving.pool import ModelPool, ModelUnavailable
@@ -49,7 +51,8 @@ class Kronk:
         pool = ModelPool(settings, metrics)
         workers = ThreadPool(REQUEST_WORKERS)
         prefix = url_prefix.rstrip("/")
-        app.extensions["kronk"] = KronkState(settings, pool, metrics, workers, prefix)
+        store = ResponseStore(Path(settings.responses_db or cache_dir() / "responses.sqlite3"), settings.responses_keep)
+        app.extensions["kronk"] = KronkState(settings, pool, metrics, workers, store, prefix)
         api = Blueprint("kronk", __name__)
         for blueprint in (
             service.bp, openai_chat.bp, openai_responses.bp, openai_completions.bp, openai_embeddings.bp,

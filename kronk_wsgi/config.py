@@ -8,6 +8,7 @@ as tables (``[models.<id>]``).
 import json
 import os
 import tomllib
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import pydantic
@@ -62,6 +63,8 @@ class Settings(BaseModel):
     drain_timeout: float = Field(120.0, ge=0)  # on shutdown, seconds running streams may go on
     api_keys: list[str] = Field(default_factory=list)  # empty: no auth
     cors_origins: list[str] = Field(default_factory=list)  # web origins allowed to call the API ("*": any)
+    responses_db: Optional[str] = None  # the SQLite file of stored Responses; default: in the cache directory
+    responses_keep: int = Field(10_000, ge=1)  # stored Responses kept; the oldest go first
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_body_values: int = Field(20_000, ge=100)  # JSON values in one body (validation time grows with them)
     body_timeout: float = Field(30.0, gt=0)  # seconds for a request body to arrive (408 after)
@@ -141,6 +144,12 @@ class Settings(BaseModel):
 
 
 FIELDS = tuple(Settings.model_fields)
+
+
+def cache_dir() -> Path:
+    """kronk_wsgi's directory under the user's cache (XDG_CACHE_HOME honoured): demo models, prepared copies."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kronk_wsgi"
 
 
 def config_key(name: str) -> str:

@@ -93,8 +93,7 @@ BAD = [
     (body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), 400, "input[0].content[0]"),
     (body(input=[{"type": "reasoning", "summary": []}]), 400, "input[0]"),
     (body(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]), 400, "input[0].arguments"),
-    (body(previous_response_id="resp_1"), 400, None),
-    (body(store=True), 400, None),
+    (body(previous_response_id="resp_1"), 404, "previous_response_id"),
     (body(tools=[{"type": "function", "name": "f", "parameters": {"type": 5}}]), 400, "tools"),
     (body(tools=[{"type": "web_search"}]), 400, "tools[0].type"),
     (body(tool_choice="auto"), 400, None),
@@ -113,11 +112,9 @@ def test_bad_input(server, payload, status, param):
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"]
-    assert error["type"] == "invalid_request_error"
+    assert error["type"] == "invalid_request_error"  # 404s too, as OpenAI's
 
 
-def test_stateless_refusals_say_why(server):
-    message = requests.post(server.url + RESPONSES, json=body(previous_response_id="r"), timeout=30).json()["error"]["message"]
-    assert "previous_response_id" in message and "keeps no responses" in message
-    message = requests.post(server.url + RESPONSES, json=body(store=True), timeout=30).json()["error"]["message"]
-    assert "store" in message
+def test_an_unknown_previous_response_says_so(server):
+    error = requests.post(server.url + RESPONSES, json=body(previous_response_id="resp_x"), timeout=30).json()["error"]
+    assert error["code"] == "response_not_found" and "resp_x" in error["message"]

@@ -1,22 +1,24 @@
 """POST /v1/responses: OpenAI's Responses API, stateless, streamed or whole."""
 
+import json
 import time
 import uuid
-from typing import Annotated, Any, Iterator, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Iterator, Literal, Optional, Union
 
 import pydantic
-from flask import Blueprint
+from flask import Blueprint, jsonify
 from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
 from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
+from .errors import ApiError
 from .generation import start_generation
 from .response import Encoder, respond
 from .schemas import (
     FunctionName, ServiceTier, Strict, json_object, parse_body, template_role, template_tool, template_tool_call,
 )
 from .sse import sse
-from .state import record
+from .state import record, state
 
 bp = Blueprint("openai_responses", __name__)
 
@@ -123,20 +125,19 @@ class ResponsesRequest(Strict):
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ResponsesRequest":
-        if self.previous_response_id is not None:
-            raise ValueError("previous_response_id is not supported: this server keeps no responses; send the whole input")
-        if self.store:
-            raise ValueError("store must be false: this server keeps no responses")
         if self.tool_choice is not None and not self.tools:
             raise ValueError("tool_choice needs tools")
         return self
 
-    def template_messages(self) -> list[dict]:
-        messages: list[dict] = []
-        if self.instructions is not None:
-            messages.append({"role": "system", "content": self.instructions})
+    def instruction_messages(self) -> list[dict]:
+        """The instructions, as the conversation's system message (a previous response's are not carried over)."""
+        return [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
+
+    def input_messages(self) -> list[dict]:
+        """The input as chat messages, for the chat template."""
         if isinstance(self.input, str):
-            return messages + [{"role": "user", "content": self.input}]
+            return [{"role": "user", "content": self.input}]
+        messages: list[dict] = []
         for item in self.input:
             if isinstance(item, MessageItem):
                 messages.append({"role": template_role(item.role), "content": item.text()})
@@ -184,14 +185,38 @@ def _new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
+def _stored(response_id: str, param: Optional[str] = None) -> tuple[dict, list[dict]]:
+    """A stored response and its conversation; 404 if it is not (or no longer) kept."""
+    kronk = state()
+    found = kronk.workers.apply(kronk.responses.get, (response_id,))
+    if found is None:
+        raise ApiError(404, f"no stored response has the id {response_id[:100]!r}", code="response_not_found",
+                       param=param)
+    return found
+
+
+def _assistant_message(output: list[dict]) -> dict:
+    """A response's output items as the assistant's chat message, for the conversation it continues."""
+    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    calls = [template_tool_call(item["call_id"], item["name"], json.loads(item["arguments"]))
+             for item in output if item["type"] == "function_call"]
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
 @bp.post("/v1/responses")
 def responses():
-    """Generate a model response."""
+    """Generate a model response; with store (the default), keep it for previous_response_id and GET."""
     body = parse_body(ResponsesRequest)
+    kronk = state()
+    previous = [] if body.previous_response_id is None else _stored(body.previous_response_id, "previous_response_id")[1]
+    conversation = previous + body.input_messages()
     choice = body.tool_choice
     session = start_generation(
         body.model,
-        messages=body.template_messages(),
+        messages=body.instruction_messages() + conversation,
         prompt_param="input",
         tools=body.template_tools(),
         strict_tools=body.strict_tools(),
@@ -204,17 +229,37 @@ def responses():
         stop=(),
     )
     response_id = record().response_id = _new_id("resp_")
+    store = body.store is not False  # OpenAI's default
     base = {
         "id": response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
         "error": None, "incomplete_details": None, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": body.model, "output": [],
-        "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
-        "store": False, "temperature": body.temperature, "text": {"format": {"type": "text"}},
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id, "store": store, "temperature": body.temperature, "text": {"format": {"type": "text"}},
         "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else choice or "auto",
         "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p, "truncation": "disabled",
         "usage": None, "user": body.user, "metadata": body.metadata or {},
     }
-    return respond(session, ResponsesEncoder(base), body.stream)
+
+    def keep(final: dict) -> None:
+        kronk.workers.apply(kronk.responses.put, (final, conversation + [_assistant_message(final["output"])]))
+
+    return respond(session, ResponsesEncoder(base, keep if store else None), body.stream)
+
+
+@bp.get("/v1/responses/<response_id>")
+def get_response(response_id: str):
+    """A stored response."""
+    return jsonify(_stored(response_id)[0])
+
+
+@bp.delete("/v1/responses/<response_id>")
+def delete_response(response_id: str):
+    """Forget a stored response."""
+    kronk = state()
+    if not kronk.workers.apply(kronk.responses.delete, (response_id,)):
+        raise ApiError(404, f"no stored response has the id {response_id[:100]!r}", code="response_not_found")
+    return jsonify({"id": response_id, "object": "response", "deleted": True})
 
 
 def _final(base: dict, output: list[dict], event: Finished) -> dict:
@@ -234,8 +279,9 @@ def _output_text(output: list[dict]) -> str:
 class ResponsesEncoder(Encoder):
     """Numbered events from 0: created and in_progress (the commit), output items, completed or incomplete."""
 
-    def __init__(self, base: dict) -> None:
+    def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None) -> None:
         self.base = base
+        self.keep = keep  # stores the finished response object, if the request asked for it
         self.sequence = 0
         self.output: list[dict] = []
         self.message_id: Optional[str] = None  # the message item being written, if any
@@ -288,6 +334,8 @@ class ResponsesEncoder(Encoder):
     def finished(self, event: Finished) -> Iterator[str]:
         yield from self._close_message("incomplete" if event.reason == "length" else "completed")
         final = _final(self.base, self.output, event)
+        if self.keep:
+            self.keep(final)  # before the client hears it is done: it may continue the conversation at once
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         yield self._event(kind, response=final)
 
@@ -304,4 +352,7 @@ class ResponsesEncoder(Encoder):
             else:
                 cut_short = position == len(output) - 1 and finished.reason == "length"
                 items.append(_message_item(_new_id("msg_"), event.text, "incomplete" if cut_short else "completed"))
-        return {**_final(self.base, items, finished), "output_text": _output_text(items)}
+        final = _final(self.base, items, finished)
+        if self.keep:
+            self.keep(final)
+        return {**final, "output_text": _output_text(items)}

@@ -11,6 +11,7 @@ from ..config import Settings
 from ..metrics import Metrics
 from ..serving.pool import ModelPool
 from ..serving.session import GenerationStats
+from .response_store import ResponseStore
 
 
 @dataclasses.dataclass
@@ -20,7 +21,8 @@ class KronkState:
     settings: Settings
     pool: ModelPool
     metrics: Metrics
-    workers: ThreadPool  # CPU work before the commit (parsing, validation), off the event loop
+    workers: ThreadPool  # work before the commit (parsing, validation, stored responses), off the event loop
+    responses: ResponseStore
     url_prefix: str = ""  # where the API is mounted
 
 

@@ -17,9 +17,9 @@ import numpy as np
 from ctransformers.llm import LLM, Config
 from ctransformers.lib import find_library
 
+from ..config import cache_dir
 from .base import Engine, EngineError, Slot
 from .ctransformers_files import compatible_file
-from .demo_model import cache_dir
 from .gguf_file import is_gguf, read_gguf
 from .tokenizer import GGUFTokenizer, Tokenizer
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from ..config import cache_dir
 from .chat_template import BUILTIN_TEMPLATES
 
 _WORDS = (
@@ -138,12 +139,6 @@ def write_demo_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-def cache_dir() -> Path:
-    """kronk_wsgi's directory under the user's cache (XDG_CACHE_HOME honoured)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kronk_wsgi"
 
 
 def ensure_demo_model(size: str = "tiny", seed: int = 0) -> Path:

@@ -54,3 +54,10 @@ def test_harmless_official_fields_are_accepted(server):
     for field, value in (("store", True), ("modalities", ["text", "audio"])):
         refused = server.post(CHAT, {"model": "tiny", "messages": HI, field: value})
         assert refused.status_code == 400 and field in refused.json()["error"]["message"]
+
+
+def test_response_format_text_is_taken_and_json_is_refused_by_name(server):
+    body = {"model": "tiny", "messages": HI, "max_tokens": 2}
+    assert server.post(CHAT, {**body, "response_format": {"type": "text"}}).status_code == 200
+    refused = server.post(CHAT, {**body, "response_format": {"type": "json_object"}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format.type"

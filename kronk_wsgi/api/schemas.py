@@ -172,6 +172,12 @@ class Prediction(Strict):
     content: Union[str, list[TextPart]]
 
 
+class TextResponseFormat(Strict):
+    """Plain text, the one response format served without constrained decoding (not built yet)."""
+
+    type: Literal["text"]
+
+
 class ChatCompletionRequest(SamplingFields):
     model: str
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -188,6 +194,7 @@ class ChatCompletionRequest(SamplingFields):
     service_tier: Optional[ServiceTier] = None
     modalities: Optional[list[Literal["text"]]] = None
     prediction: Optional[Prediction] = None
+    response_format: Optional[TextResponseFormat] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatCompletionRequest":

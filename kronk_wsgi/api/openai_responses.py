@@ -1,4 +1,4 @@
-"""POST /v1/responses: OpenAI's Responses API, stateless, streamed or whole."""
+"""/v1/responses: OpenAI's Responses API, streamed or whole; responses kept for GET and previous_response_id."""
 
 import json
 import time
@@ -185,13 +185,16 @@ def _new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
+def _not_kept(response_id: str, param: Optional[str] = None) -> ApiError:
+    return ApiError(404, f"no stored response has the id {response_id[:100]!r}", code="response_not_found", param=param)
+
+
 def _stored(response_id: str, param: Optional[str] = None) -> tuple[dict, list[dict]]:
     """A stored response and its conversation; 404 if it is not (or no longer) kept."""
     kronk = state()
     found = kronk.workers.apply(kronk.responses.get, (response_id,))
     if found is None:
-        raise ApiError(404, f"no stored response has the id {response_id[:100]!r}", code="response_not_found",
-                       param=param)
+        raise _not_kept(response_id, param)
     return found
 
 
@@ -235,7 +238,8 @@ def responses():
         "error": None, "incomplete_details": None, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": body.model, "output": [],
         "parallel_tool_calls": body.parallel_tool_calls is not False,
-        "previous_response_id": body.previous_response_id, "store": store, "temperature": body.temperature, "text": {"format": {"type": "text"}},
+        "previous_response_id": body.previous_response_id, "store": store, "temperature": body.temperature,
+        "text": {"format": {"type": "text"}},
         "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else choice or "auto",
         "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p, "truncation": "disabled",
         "usage": None, "user": body.user, "metadata": body.metadata or {},
@@ -258,7 +262,7 @@ def delete_response(response_id: str):
     """Forget a stored response."""
     kronk = state()
     if not kronk.workers.apply(kronk.responses.delete, (response_id,)):
-        raise ApiError(404, f"no stored response has the id {response_id[:100]!r}", code="response_not_found")
+        raise _not_kept(response_id)
     return jsonify({"id": response_id, "object": "response", "deleted": True})
 
 

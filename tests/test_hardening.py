@@ -182,7 +182,7 @@ def test_a_body_that_never_arrives_gets_408_and_the_connection_closed(tiny_model
 @pytest.fixture
 def draining(tiny_model, tmp_path):
     models = json.dumps({"tiny": {"path": str(tiny_model), "engine": "tests.support.faulty:FaultyEngine"}})
-    env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.1", "KRONK_DRAIN_TIMEOUT": "2", "KRONK_PARALLEL": "2",
+    env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.1", "KRONK_DRAIN_TIMEOUT": "4", "KRONK_PARALLEL": "2",
            "KRONK_THREADS": "1"}
     with run_server(tmp_path, env) as server:
         yield server
@@ -215,6 +215,12 @@ def test_shutdown_drains_then_ends_streams_in_band(draining):
     assert outcomes == {"ok", "shutdown"}
 
 
+def liveness_count(server) -> float:
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kronk_requests_total{") and 'route="/v1/liveness"' in line)
+
+
 def test_metrics_report_every_worker(tiny_model, tmp_path):
     env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_THREADS": "1"}
     with run_server(tmp_path, env, args=("--workers", "2")) as server:
@@ -225,8 +231,7 @@ def test_metrics_report_every_worker(tiny_model, tmp_path):
             asked += 1
             assert time.monotonic() < deadline
         for _ in range(4):  # whichever worker answers, it counts every worker's requests
-            text = requests.get(server.url + "/metrics", timeout=10).text
-            counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                          if line.startswith("kronk_requests_total{") and 'route="/v1/liveness"' in line)
-            assert counted == asked
+            deadline = time.monotonic() + 30  # a request is counted when its response closes: poll
+            while (counted := liveness_count(server)) != asked:
+                assert counted < asked and time.monotonic() < deadline
 

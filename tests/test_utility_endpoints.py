@@ -28,6 +28,18 @@ def test_completions_create_and_stream(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_completions_prompt_as_token_ids_or_a_list_of_one(client, server):
+    ids = server.post("/v1/tokenize", {"model": "tiny", "text": "Once upon a time"}).json()["tokens"]
+    text = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, seed=3, extra_body=NO_EOS)
+    for prompt in (ids, [ids], ["Once upon a time"]):
+        same = client.completions.create(model="tiny", prompt=prompt, max_tokens=5, seed=3, extra_body=NO_EOS)
+        assert same.choices[0].text == text.choices[0].text and same.usage.prompt_tokens == len(ids)
+    several = server.post("/v1/completions", {"model": "tiny", "prompt": ["a", "b"]})
+    assert several.status_code == 400 and several.json()["error"]["param"].startswith("prompt")
+    unknown = server.post("/v1/completions", {"model": "tiny", "prompt": [1, 99999]})
+    assert unknown.status_code == 400 and "vocabulary" in unknown.json()["error"]["message"]
+
+
 def test_completions_default_max_tokens_is_16(client):
     assert client.completions.create(model="tiny", prompt="Hi", extra_body=NO_EOS).usage.completion_tokens == 16
 

@@ -74,6 +74,7 @@ def start_generation(
     *,
     messages: Optional[list[dict]] = None,
     text: Optional[str] = None,
+    token_ids: Optional[list[int]] = None,
     prompt_param: str,
     tools: Optional[list[dict]] = None,
     strict_tools: frozenset[str] = frozenset(),
@@ -87,8 +88,8 @@ def start_generation(
 ) -> Session:
     """Admit and prepare one generation; return its not yet started session.
 
-    The prompt is chat ``messages`` rendered by the model's template, or raw
-    ``text``. With ``tools``, tool calls are parsed out of the reply unless
+    The prompt is chat ``messages`` rendered by the model's template, raw
+    ``text``, or ``token_ids`` taken as they are. With ``tools``, tool calls are parsed out of the reply unless
     ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
     reply inside a tool call, and ``one_tool_call`` ends it after the first.
     A call is taken only if it names one of the tools and, for the
@@ -100,22 +101,25 @@ def start_generation(
 
     def job(model: LoadedModel) -> GenerationJob:
         params = sampling(model)
-        prompt = RenderedPrompt(text) if messages is None else render_chat(model, messages, tools)
+        prompt = RenderedPrompt(text or "") if messages is None else render_chat(model, messages, tools)
         rules = None
         reply_start = ""
         if tools and tool_choice != "none":
             rules = ToolCallRules(syntax_of(model.template.source), accept)
             if tool_choice == "required" or tool_name is not None:
                 reply_start = forced_opening(rules.syntax, tool_name)
-        full = prompt.text + reply_start
         context = model.engine.context_length
-        fewest = model.engine.tokenizer.fewest_tokens(full.replace(prompt.inert, "") if prompt.inert else full)
-        if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
-            raise invalid(
-                f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
-                param=prompt_param, code="context_length_exceeded",
-            )
-        tokens = model.tokenize(full, inert=prompt.inert)
+        if token_ids is not None:
+            tokens = _known_ids(model, token_ids, prompt_param)
+        else:
+            full = prompt.text + reply_start
+            fewest = model.engine.tokenizer.fewest_tokens(full.replace(prompt.inert, "") if prompt.inert else full)
+            if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
+                raise invalid(
+                    f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
+                    param=prompt_param, code="context_length_exceeded",
+                )
+            tokens = model.tokenize(full, inert=prompt.inert)
         if len(tokens) + (max_tokens or 1) > context:
             raise invalid(
                 f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens"
@@ -130,6 +134,14 @@ def start_generation(
         )
 
     return _start(model_id, job)
+
+
+def _known_ids(model: LoadedModel, ids: list[int], param: str) -> list[int]:
+    """Token ids given by the client, taken as they are; 400 if one is not in the model's vocabulary."""
+    vocab = model.engine.tokenizer.vocab_size
+    if any(token >= vocab for token in ids):
+        raise invalid(f"{param} has token ids outside this model's vocabulary of {vocab}", param=param)
+    return list(ids)
 
 
 def _accept_calls(tools: list[dict], strict_tools: frozenset[str]) -> Callable[[str, dict], bool]:
@@ -158,18 +170,12 @@ def start_embedding(model_id: str, inputs: list[Union[str, list[int]]], param: s
 
     def job(model: LoadedModel) -> EmbeddingJob:
         context = model.engine.context_length
-        vocab = model.engine.tokenizer.vocab_size
         token_lists = []
         for index, given in enumerate(inputs):
             if isinstance(given, str) and model.engine.tokenizer.fewest_tokens(given) > context:
                 raise invalid(f"input {index} cannot fit this model's context of {context} tokens",
                               param=param, code="context_length_exceeded")
-            if isinstance(given, str):
-                tokens = model.tokenize(given)
-            elif any(token >= vocab for token in given):
-                raise invalid(f"input {index} has token ids outside this model's vocabulary of {vocab}", param=param)
-            else:
-                tokens = given
+            tokens = model.tokenize(given) if isinstance(given, str) else _known_ids(model, given, param)
             if len(tokens) > context:
                 raise invalid(
                     f"input {index} has {len(tokens)} tokens; this model's context is {context}",

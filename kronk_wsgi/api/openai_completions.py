@@ -2,7 +2,7 @@
 
 import time
 import uuid
-from typing import Annotated, Iterator, Literal, Optional
+from typing import Annotated, Iterator, Literal, Optional, Union
 
 import pydantic
 from flask import Blueprint
@@ -19,9 +19,15 @@ from .state import record
 bp = Blueprint("openai_completions", __name__)
 
 
+Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(SamplingFields):
+    """``prompt`` as a string or token ids, or a list of one of them (several prompts: not yet)."""
+
     model: str
-    prompt: str
+    prompt: Union[str, Tokens, Annotated[list[str], Field(min_length=1, max_length=1)],
+                  Annotated[list[Tokens], Field(min_length=1, max_length=1)]]
     max_tokens: Optional[Annotated[int, Field(ge=1)]] = 16
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -29,12 +35,21 @@ class CompletionRequest(SamplingFields):
     suffix: Optional[str] = None
     best_of: Literal[1] = 1
 
+    @pydantic.field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and len(value) > 1 and not isinstance(value[0], int):
+            raise ValueError("several prompts in one request are not supported yet: send one prompt")
+        return value
+
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionRequest":
         if self.suffix:
             raise ValueError("suffix (fill-in-the-middle) is not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if isinstance(self.prompt, list) and not isinstance(self.prompt[0], int):
+            self.prompt = self.prompt[0]  # a list of one prompt is that prompt
         return self
 
 
@@ -44,7 +59,8 @@ def completions():
     body = parse_body(CompletionRequest)
     session = start_generation(
         body.model,
-        text=body.prompt,
+        text=body.prompt if isinstance(body.prompt, str) else None,
+        token_ids=None if isinstance(body.prompt, str) else body.prompt,
         prompt_param="prompt",
         max_tokens=body.max_tokens,
         max_tokens_param="max_tokens",

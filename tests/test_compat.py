@@ -1,8 +1,11 @@
-"""What real clients send: official fields that change nothing, browsers (CORS), JSON for every 404."""
+"""What real clients send: official fields that change nothing, thinking switches, browsers (CORS), JSON 404s."""
 
 import pytest
 import requests
+from anthropic import Anthropic
 from openai import OpenAI
+
+from kronk_wsgi.engine.chat_template import ChatTemplate
 
 from .conftest import run_server
 
@@ -61,3 +64,31 @@ def test_response_format_text_is_taken_and_json_is_refused_by_name(server):
     assert server.post(CHAT, {**body, "response_format": {"type": "text"}}).status_code == 200
     refused = server.post(CHAT, {**body, "response_format": {"type": "json_object"}})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format.type"
+
+
+def test_thinking_switches_reach_the_template():
+    template = ChatTemplate("{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}"
+                            "{% for m in messages %}{{ m.content }}{% endfor %}")
+    hi = [{"role": "user", "content": "hi"}]
+    assert template.render(hi, thinking=False).text == "/no_think hi"
+    assert template.render(hi, thinking=True).text == template.render(hi).text == "hi"
+
+
+def test_thinking_is_accepted_and_history_thinking_left_out(server):
+    client = Anthropic(base_url=server.url, api_key="unused")
+    message = client.messages.create(model="tiny", max_tokens=1500, messages=HI,
+                                     thinking={"type": "enabled", "budget_tokens": 1024})
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "The user greets me.", "signature": "sig"},
+        {"type": "redacted_thinking", "data": "xyz"}, {"type": "text", "text": "Hello!"}]},
+        {"role": "user", "content": "how are you?"}]
+    plain = [history[0], {"role": "assistant", "content": "Hello!"}, history[2]]
+    counted = client.messages.count_tokens(model="tiny", messages=history).input_tokens
+    assert counted == client.messages.count_tokens(model="tiny", messages=plain).input_tokens
+    too_big = server.post("/v1/messages", {"model": "tiny", "max_tokens": 1024, "messages": HI,
+                                           "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert too_big.status_code == 400 and "budget_tokens" in too_big.json()["error"]["message"]
+    openai_client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    reply = openai_client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, reasoning_effort="low")
+    assert reply.choices[0].finish_reason in ("stop", "length")

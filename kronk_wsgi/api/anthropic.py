@@ -55,7 +55,23 @@ class ToolResultBlock(Strict):
         return f"Error: {text}" if self.is_error else text
 
 
-Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock], Field(discriminator="type")]
+class ThinkingBlock(Strict):
+    """An earlier turn's thinking: accepted, and left out of the prompt, as Anthropic's API does."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+    cache_control: Optional[CacheControl] = None
+
+
+class RedactedThinkingBlock(Strict):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Block = Annotated[
+    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock], Field(discriminator="type"),
+]
 
 
 class Message(Strict):
@@ -74,7 +90,7 @@ class Message(Strict):
                 text.append(block.text)
             elif isinstance(block, ToolUseBlock):
                 calls.append(template_tool_call(block.id, block.name, block.input))
-            else:
+            elif isinstance(block, ToolResultBlock):
                 if text:
                     out.append({"role": self.role, "content": "".join(text)})
                     text = []
@@ -93,6 +109,8 @@ class Message(Strict):
                 raise ValueError("tool_use blocks belong in assistant messages")
             if isinstance(block, ToolResultBlock) and self.role != "user":
                 raise ValueError("tool_result blocks belong in user messages")
+            if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)) and self.role != "assistant":
+                raise ValueError("thinking blocks belong in assistant messages")
         return self
 
 
@@ -132,12 +150,27 @@ class Metadata(Strict):
     user_id: Optional[str] = None
 
 
+class ThinkingEnabled(Strict):
+    type: Literal["enabled"]
+    budget_tokens: Annotated[int, Field(ge=1024)]
+
+
+class ThinkingDisabled(Strict):
+    type: Literal["disabled"]
+
+
+Thinking = Annotated[Union[ThinkingEnabled, ThinkingDisabled], Field(discriminator="type")]
+
+
 class CountTokensRequest(Strict):
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
     system: Union[str, list[TextBlock], None] = None
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[ToolChoice] = None
+    # Switches thinking on or off where the model's chat template can (``enable_thinking``); thinking
+    # text is not yet told apart from the answer, and budget_tokens does not cut it short.
+    thinking: Optional[Thinking] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CountTokensRequest":
@@ -159,6 +192,9 @@ class CountTokensRequest(Strict):
             return None
         return [template_tool(t.name, t.description, t.input_schema) for t in self.tools]
 
+    def thinking_switch(self) -> Optional[bool]:
+        return None if self.thinking is None else isinstance(self.thinking, ThinkingEnabled)
+
     def strict_tools(self) -> frozenset[str]:
         return frozenset(t.name for t in self.tools or () if t.strict)
 
@@ -173,6 +209,12 @@ class MessagesRequest(CountTokensRequest):
     cache_control: Optional[CacheControl] = None
     service_tier: Optional[Literal["auto", "standard_only"]] = None  # one tier here: both are met
     stream: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _budget(self) -> "MessagesRequest":
+        if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens:
+            raise ValueError("thinking.budget_tokens must be less than max_tokens")
+        return self
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0)
@@ -208,6 +250,7 @@ def messages():
     session = start_generation(
         body.model,
         messages=body.template_messages(),
+        thinking=body.thinking_switch(),
         prompt_param="messages",
         tools=body.template_tools(),
         strict_tools=body.strict_tools(),
@@ -228,7 +271,7 @@ def count_tokens():
     """The number of prompt tokens the same request would use."""
     body = parse_body(CountTokensRequest)
     model = get_model(body.model)
-    prompt = render_chat(model, body.template_messages(), body.template_tools())
+    prompt = render_chat(model, body.template_messages(), body.template_tools(), body.thinking_switch())
     return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
 
 

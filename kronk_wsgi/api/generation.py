@@ -58,13 +58,15 @@ def get_model(model_id: str) -> LoadedModel:
         raise ApiError(503, str(exc), code="model_unavailable") from None
 
 
-def render_chat(model: LoadedModel, messages: list[dict], tools: Optional[list[dict]]) -> RenderedPrompt:
+def render_chat(
+    model: LoadedModel, messages: list[dict], tools: Optional[list[dict]], thinking: Optional[bool] = None,
+) -> RenderedPrompt:
     """The prompt from the model's chat template; 400 if the template cannot take these messages or tools."""
     if tools and not model.template.supports_tools:
         raise invalid(f"the chat template of model {model.id!r} does not support tools", param="tools")
     try:
         # In the model's tokenizer thread: a long conversation or template loop must not stall the event loop.
-        return model.tokenizer.apply(model.template.render, (messages, tools or None))
+        return model.tokenizer.apply(model.template.render, (messages, tools or None, thinking))
     except ChatTemplateError as exc:
         raise invalid(str(exc), param="messages") from None
 
@@ -75,6 +77,7 @@ def start_generation(
     messages: Optional[list[dict]] = None,
     text: Optional[str] = None,
     token_ids: Optional[list[int]] = None,
+    thinking: Optional[bool] = None,
     prompt_param: str,
     tools: Optional[list[dict]] = None,
     strict_tools: frozenset[str] = frozenset(),
@@ -89,7 +92,8 @@ def start_generation(
     """Admit and prepare one generation; return its not yet started session.
 
     The prompt is chat ``messages`` rendered by the model's template, raw
-    ``text``, or ``token_ids`` taken as they are. With ``tools``, tool calls are parsed out of the reply unless
+    ``text``, or ``token_ids`` taken as they are; ``thinking`` switches a
+    reasoning model's thinking on or off where its template can. With ``tools``, tool calls are parsed out of the reply unless
     ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
     reply inside a tool call, and ``one_tool_call`` ends it after the first.
     A call is taken only if it names one of the tools and, for the
@@ -101,7 +105,7 @@ def start_generation(
 
     def job(model: LoadedModel) -> GenerationJob:
         params = sampling(model)
-        prompt = RenderedPrompt(text or "") if messages is None else render_chat(model, messages, tools)
+        prompt = RenderedPrompt(text or "") if messages is None else render_chat(model, messages, tools, thinking)
         rules = None
         reply_start = ""
         if tools and tool_choice != "none":

@@ -48,6 +48,7 @@ def chat_completions():
     session = start_generation(
         body.model,
         messages=[m.for_template() for m in body.messages],
+        thinking=body.thinking_switch(),
         prompt_param="messages",
         tools=body.template_tools(),
         strict_tools=body.strict_tools(),

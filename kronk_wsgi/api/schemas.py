@@ -195,6 +195,8 @@ class ChatCompletionRequest(SamplingFields):
     modalities: Optional[list[Literal["text"]]] = None
     prediction: Optional[Prediction] = None
     response_format: Optional[TextResponseFormat] = None
+    # Switches thinking on or off where the model's chat template can (``enable_thinking``).
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatCompletionRequest":
@@ -215,6 +217,9 @@ class ChatCompletionRequest(SamplingFields):
 
     def strict_tools(self) -> frozenset[str]:
         return frozenset(t.function.name for t in self.tools or () if t.function.strict)
+
+    def thinking_switch(self) -> Optional[bool]:
+        return None if self.reasoning_effort is None else self.reasoning_effort not in ("none", "minimal")
 
     @property
     def token_limit(self) -> Optional[int]:

@@ -151,13 +151,19 @@ class ChatTemplate:
         source = configured or from_file or DEFAULT_TEMPLATE
         return cls(BUILTIN_TEMPLATES.get(source, source), bos, eos, control_tokens)
 
-    def render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None) -> RenderedPrompt:
-        """Prompt text for ``messages``, ending where the assistant's reply begins."""
+    def render(
+        self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None, thinking: Optional[bool] = None,
+    ) -> RenderedPrompt:
+        """Prompt text for ``messages``, ending where the assistant's reply begins.
+
+        ``thinking`` reaches the template as ``enable_thinking``: templates of reasoning models
+        read it to switch thinking on or off; others ignore it.
+        """
         inert = None
         if self._control is not None:
             inert = _inert_for(json.dumps([messages, tools], ensure_ascii=False))
             messages, tools = self._mark(messages, inert), self._mark(tools, inert)
-        return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True), inert)
+        return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True, thinking=thinking), inert)
 
     def closing_token(self) -> Optional[str]:
         """The control token this template closes an assistant turn with (such as ``<|im_end|>``), if any."""
@@ -172,7 +178,9 @@ class ChatTemplate:
         match = self._control.match(after.lstrip()) if found else None
         return match.group() if match else None
 
-    def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], add_generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], add_generation_prompt: bool,
+                thinking: Optional[bool] = None) -> str:
+        switches = {} if thinking is None else {"enable_thinking": thinking}
         try:
             return self._template.render(
                 messages=messages,
@@ -180,6 +188,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **switches,
             )
         except ChatTemplateError:
             raise

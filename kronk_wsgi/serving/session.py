@@ -143,8 +143,9 @@ class Session:
         quiet_since = time.monotonic()
         while True:
             now = time.monotonic()
-            if self._expired(now) or self.drain.expired(now):
-                yield self._timeout() if self._expired(now) else self._shutdown()
+            cut = self._cut(now)
+            if cut is not None:
+                yield cut
                 return None
             if self.client_gone():
                 self.stats.outcome = "client_gone"
@@ -194,9 +195,10 @@ class Session:
                 quiet_since = now
             if text:
                 yield TextDelta("".join(text))
-            if self._expired(now) or self.drain.expired(now):
+            cut = self._cut(now)
+            if cut is not None:
                 cancel.set = True
-                yield self._timeout() if self._expired(now) else self._shutdown()
+                yield cut
                 return
             if now - checked >= CLIENT_POLL_SECONDS:
                 checked = now
@@ -207,16 +209,15 @@ class Session:
                 yield KEEPALIVE
                 quiet_since = now
 
-    def _expired(self, now: float) -> bool:
-        return now >= self.deadline
-
-    def _timeout(self) -> Failed:
-        self.stats.outcome = "timeout"
-        return Failed("timeout", "the request ran past the request timeout")
-
-    def _shutdown(self) -> Failed:
-        self.stats.outcome = "shutdown"
-        return Failed("shutdown", "the server is shutting down; the response is incomplete")
+    def _cut(self, now: float) -> Optional[Failed]:
+        """The failure that ends the request now: the request timeout, or the shutdown's drain deadline."""
+        if now >= self.deadline:
+            self.stats.outcome = "timeout"
+            return Failed("timeout", "the request ran past the request timeout")
+        if self.drain.expired(now):
+            self.stats.outcome = "shutdown"
+            return Failed("shutdown", "the server is shutting down; the response is incomplete")
+        return None
 
     def _finish(self, item: object) -> Event:
         """The terminal event: Finished, or Failed for an engine exception."""

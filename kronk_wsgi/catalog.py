@@ -8,7 +8,7 @@ from typing import Optional
 import gguf
 
 from .config import ModelSpec
-from .engine.base import Engine, EngineError
+from .engine.base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError
 from .engine.ctransformers_engine import CTransformersEngine
 from .engine.ctransformers_files import check
 from .engine.demo_model import ensure_demo_model
@@ -65,7 +65,7 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
     get = model.get
     arch = model.architecture
     size = path.stat().st_size
-    context = int(context_length or model.context_length or 2048)
+    context = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
     types = Counter(t.type_name for t in model.tensors)
     file_type = get("general.file_type")
     width, heads = model.arch_value("embedding_length"), model.arch_value("attention.head_count")

@@ -16,6 +16,10 @@ import numpy as np
 from .tokenizer import Tokenizer
 
 
+# The context served when neither the configuration nor the file gives one.
+DEFAULT_CONTEXT_LENGTH = 2048
+
+
 class EngineError(Exception):
     """The engine failed: a load or an inference call did not succeed."""
 

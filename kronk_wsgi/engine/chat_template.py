@@ -16,12 +16,13 @@ import datetime
 import functools
 import itertools
 import json
-import re
 from typing import Any, Iterable, NamedTuple, Optional
 
 import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .tokenizer import any_of
 
 # ChatML, with tools and tool calls in the Hermes convention (<tools>, <tool_call>, <tool_response>).
 _CHATML = """\
@@ -140,8 +141,7 @@ class ChatTemplate:
         self.supports_tools = "tools" in names
         self.bos_token = bos_token
         self.eos_token = eos_token
-        marked = sorted((t for t in control_tokens if len(t) > 1), key=len, reverse=True)
-        self._control = re.compile("|".join(map(re.escape, marked))) if marked else None
+        self._control = any_of(t for t in control_tokens if len(t) > 1)  # one character cannot be marked inside
 
     @classmethod
     def for_model(

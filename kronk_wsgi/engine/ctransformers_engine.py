@@ -18,7 +18,7 @@ from ctransformers.llm import LLM, Config
 from ctransformers.lib import find_library
 
 from ..config import cache_dir
-from .base import Engine, EngineError, Slot
+from .base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError, Slot
 from .ctransformers_files import compatible_file
 from .gguf_file import is_gguf, read_gguf
 from .tokenizer import GGUFTokenizer, Tokenizer
@@ -136,7 +136,7 @@ class CTransformersEngine(Engine):
             self.tokenizer = CTokenizer(_load(path, model_type, 8))
             self.chat_template = None
             file_context = None
-        self.context_length = int(context_length or file_context or 2048)
+        self.context_length = int(context_length or file_context or DEFAULT_CONTEXT_LENGTH)
 
     def new_slot(self, threads: int) -> CTransformersSlot:
         llm = _load(self._path, self._model_type, self.context_length)

@@ -17,7 +17,7 @@ message keeps a control token's text as text (see ChatTemplate.render).
 import abc
 import functools
 import re
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import tokenizers
 from tokenizers import models, normalizers, pre_tokenizers
@@ -53,6 +53,12 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
     "tekken": ((_TEKKEN,), True, True),
     "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"), False, False),
 }
+
+
+def any_of(texts: Iterable[str]) -> Optional[re.Pattern]:
+    """A pattern that finds any of ``texts``, the longest where several start at one place; None for none."""
+    by_length = sorted(texts, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, by_length))) if by_length else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -170,8 +176,7 @@ class GGUFTokenizer(Tokenizer):
         self.texts = tokens
         self.types = types
         self.control = {tokens[i]: i for i, kind in enumerate(types) if kind == CONTROL}
-        by_length = sorted(self.control, key=len, reverse=True)
-        self._control_pattern = re.compile("|".join(map(re.escape, by_length))) if by_length else None
+        self._control_pattern = any_of(self.control)
         ends = {self.eos_id, special("eot_token_id"), special("eom_token_id")}
         ends |= {i for text, i in self.control.items() if text in END_OF_GENERATION}
         self.end_ids = frozenset(i for i in ends if i is not None)

@@ -8,7 +8,9 @@ from kronk_wsgi.api.anthropic import MessagesEncoder
 from kronk_wsgi.api.openai_chat import ChatEncoder
 from kronk_wsgi.api.openai_completions import CompletionEncoder
 from kronk_wsgi.api.openai_responses import ResponsesEncoder
-from kronk_wsgi.serving.events import KEEPALIVE, Failed, Finished, TextDelta, ToolCall, Usage
+from kronk_wsgi.serving.events import (
+    KEEPALIVE, ChoiceEnd, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage, coalesce,
+)
 
 USAGE = Usage(prompt_tokens=7, completion_tokens=3)
 CALL = ToolCall("abc", "get_weather", '{"city": "Paris"}')
@@ -34,7 +36,7 @@ def encoders():
 
 def test_chat_frames():
     frames = list(ChatEncoder("m", "chatcmpl-1", 0, include_usage=True).frames(iter([
-        TextDelta("Hel"), TextDelta("lo"), CALL, KEEPALIVE, Finished("tool_calls", USAGE),
+        TextDelta("Hel"), TextDelta("lo"), CALL, KEEPALIVE, ChoiceEnd("tool_calls"), Finished(USAGE),
     ])))
     assert data(frames[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert [data(f)["choices"][0]["delta"]["content"] for f in frames[1:3]] == ["Hel", "lo"]
@@ -48,14 +50,14 @@ def test_chat_frames():
 
 def test_completion_whole_answer():
     encoder = CompletionEncoder("m", "cmpl-1", include_usage=False)
-    answer = encoder.whole([TextDelta("Paris.")], Finished("stop", USAGE))
+    answer = encoder.whole([TextDelta("Paris."), ChoiceEnd("stop")], Finished(USAGE))
     assert answer["choices"][0] == {"text": "Paris.", "index": 0, "logprobs": None, "finish_reason": "stop"}
     assert answer["usage"]["prompt_tokens"] == 7
 
 
 def test_messages_blocks():
     frames = list(MessagesEncoder("msg_1", "m", 7).frames(iter([
-        TextDelta("Let me look."), CALL, KEEPALIVE, Finished("tool_calls", USAGE),
+        TextDelta("Let me look."), CALL, KEEPALIVE, ChoiceEnd("tool_calls"), Finished(USAGE),
     ])))
     assert event_names(frames) == [
         "message_start", "content_block_start", "content_block_delta", "content_block_stop",
@@ -67,7 +69,7 @@ def test_messages_blocks():
 
 def test_responses_numbered_events():
     frames = list(ResponsesEncoder({"id": "resp_1", "output": []}).frames(iter([
-        TextDelta("Hi"), Finished("length", USAGE),
+        TextDelta("Hi"), ChoiceEnd("length"), Finished(USAGE),
     ])))
     events = [data(f) for f in frames]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -81,3 +83,76 @@ def test_shutdown_is_an_in_band_error_and_the_last_frame(encoder):
     last = data(frames[-1])
     assert "shutting down" in json.dumps(last)
     assert all("[DONE]" not in frame and "message_stop" not in frame for frame in frames)
+
+
+PARIS = TokenLogprob(b" Paris", -0.25, ((b" Paris", -0.25), (b" Lyon", -2.5)))
+CUT = TokenLogprob(b"\xe2\x80", -1.0, ())  # half a character
+
+
+def test_coalesce_merges_each_choices_text_and_keeps_its_logprobs_before_it():
+    merged = coalesce([
+        Logprobs((PARIS,)), TextDelta(" Paris"), Logprobs((CUT,)), TextDelta("!"),
+        TextDelta("a", 1), ChoiceEnd("stop"), TextDelta("b", 1),
+    ])
+    assert merged == [
+        Logprobs((PARIS, CUT)), TextDelta(" Paris!"), TextDelta("a", 1), ChoiceEnd("stop"), TextDelta("b", 1),
+    ]
+
+
+def test_chat_two_choices_with_logprobs_streamed():
+    frames = list(ChatEncoder("m", "c", 0, include_usage=False, choices=2, logprobs=True).frames(iter([
+        Logprobs((PARIS,)), TextDelta(" Paris"), ChoiceEnd("stop"),
+        Logprobs((CUT,), 1), ChoiceEnd("length", index=1), Finished(USAGE),
+    ])))
+    chunks = [data(f) for f in frames[:-1]]
+    assert [c["choices"][0]["index"] for c in chunks] == [0, 1, 0, 0, 1, 1]
+    first = chunks[2]["choices"][0]
+    assert first["delta"] == {"content": " Paris"}
+    assert first["logprobs"]["content"] == [{
+        "token": " Paris", "logprob": -0.25, "bytes": list(b" Paris"),
+        "top_logprobs": [{"token": " Paris", "logprob": -0.25, "bytes": list(b" Paris")},
+                         {"token": " Lyon", "logprob": -2.5, "bytes": list(b" Lyon")}],
+    }]
+    # tokens whose text never came out go in a chunk of their own before the finish
+    held = chunks[4]["choices"][0]
+    assert held["delta"] == {} and held["logprobs"]["content"][0]["token"] == "\\xe2\\x80"
+    assert held["logprobs"]["content"][0]["bytes"] == [0xE2, 0x80]
+    assert chunks[5]["choices"][0]["finish_reason"] == "length" and frames[-1] == "data: [DONE]\n\n"
+
+
+def test_completion_choices_whole_with_legacy_logprobs():
+    encoder = CompletionEncoder("m", "cmpl-1", include_usage=False, choices=2, logprobs=True)
+    answer = encoder.whole([
+        Logprobs((PARIS, PARIS)), TextDelta(" Paris Paris"), ChoiceEnd("stop"),
+        TextDelta("x", 1), ChoiceEnd("length", index=1),
+    ], Finished(USAGE))
+    first, second = answer["choices"]
+    assert first["logprobs"] == {
+        "tokens": [" Paris", " Paris"], "token_logprobs": [-0.25, -0.25],
+        "top_logprobs": [{" Paris": -0.25, " Lyon": -2.5}] * 2, "text_offset": [0, 6],
+    }
+    assert (second["index"], second["text"], second["finish_reason"]) == (1, "x", "length")
+
+
+def test_reasoning_in_each_protocol():
+    events = [ReasoningDelta("Hmm, "), ReasoningDelta("France."), TextDelta("Paris."), ChoiceEnd("stop"), Finished(USAGE)]
+    chat = [data(f) for f in ChatEncoder("m", "c", 0, include_usage=False).frames(iter(events))][:-1]
+    assert [c["choices"][0]["delta"].get("reasoning_content") for c in chat[1:3]] == ["Hmm, ", "France."]
+    whole = ChatEncoder("m", "c", 0, include_usage=False).whole(coalesce(events[:-1]), events[-1])
+    assert whole["choices"][0]["message"]["reasoning_content"] == "Hmm, France."
+    assert whole["choices"][0]["message"]["content"] == "Paris."
+
+    frames = list(MessagesEncoder("msg_1", "m", 7).frames(iter(events)))
+    blocks = [data(f) for f in frames if "content_block" in f]
+    assert blocks[0]["content_block"]["type"] == "thinking"
+    assert [b["delta"]["type"] for b in blocks if b["type"] == "content_block_delta"] == [
+        "thinking_delta", "thinking_delta", "signature_delta", "text_delta"]
+    message = MessagesEncoder("msg_1", "m", 7).whole(coalesce(events[:-1]), events[-1])
+    assert [b["type"] for b in message["content"]] == ["thinking", "text"]
+    assert message["content"][0]["thinking"] == "Hmm, France." and message["content"][0]["signature"]
+
+    frames = [data(f) for f in ResponsesEncoder({"id": "resp_1", "output": []}).frames(iter(events))]
+    assert "response.reasoning_text.delta" in [f["type"] for f in frames]
+    output = frames[-1]["response"]["output"]
+    assert [item["type"] for item in output] == ["reasoning", "message"]
+    assert output[0]["content"] == [{"type": "reasoning_text", "text": "Hmm, France."}]

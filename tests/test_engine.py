@@ -113,7 +113,7 @@ def test_utf8_is_never_split(engine, monkeypatch):
     byte_tokens = [t for t in emoji if len(piece(t)) == 1 and piece(t)[0] >= 0x80]
     assert len(byte_tokens) == 4  # the emoji is four byte tokens
     forced = iter(byte_tokens)
-    monkeypatch.setattr(Sampler, "sample", lambda self, logits: next(forced))
+    monkeypatch.setattr(Sampler, "sample", lambda self, logits, allowed: next(forced))
     generation = Generation(
         slot, engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=engine.tokenizer.end_ids,
         max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0),
@@ -124,7 +124,7 @@ def test_utf8_is_never_split(engine, monkeypatch):
 @pytest.mark.parametrize("shown,text", [(frozenset(), ""), (frozenset({1}), "<s>")])
 def test_control_tokens_add_no_text_unless_shown(engine, monkeypatch, shown, text):
     forced = iter([1, 2])  # <s> (a control token), then </s> (the end)
-    monkeypatch.setattr(Sampler, "sample", lambda self, logits: next(forced))
+    monkeypatch.setattr(Sampler, "sample", lambda self, logits, allowed: next(forced))
     generation = Generation(
         engine.new_slot(1), engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=frozenset({2}),
         shown=shown, max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0),

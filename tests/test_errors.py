@@ -32,7 +32,7 @@ JSON_CASES = [
     (body(top_p=0), 400, None, "top_p"),
     (body(stream="yes"), 400, None, "stream"),
     (body(stop=["a", "b", "c", "d", "e"]), 400, None, "stop"),
-    (body(n=2), 400, None, "n"),
+    (body(n=17), 400, None, "n"),
     (body(logit_bias={"99999": 1}), 400, None, "logit_bias"),
     (body(stream_options={"include_usage": True}), 400, None, None),
     (body(max_tokens=2, max_completion_tokens=2), 400, None, None),

@@ -91,7 +91,7 @@ BAD = [
     ({"model": "tiny"}, 400, "input"),
     (body(input=[]), 400, "input"),
     (body(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), 400, "input[0].content[0]"),
-    (body(input=[{"type": "reasoning", "summary": []}]), 400, "input[0]"),
+    (body(input=[{"type": "web_search_call", "id": "ws_1"}]), 400, "input[0]"),
     (body(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]), 400, "input[0].arguments"),
     (body(previous_response_id="resp_1"), 404, "previous_response_id"),
     (body(tools=[{"type": "function", "name": "f", "parameters": {"type": 5}}]), 400, "tools"),
@@ -100,7 +100,7 @@ BAD = [
     (body(max_output_tokens=0), 400, "max_output_tokens"),
     (body(max_output_tokens=100_000), 400, "max_output_tokens"),
     (body(temperature=5), 400, "temperature"),
-    (body(text={"format": {"type": "json_schema", "name": "x", "schema": {}}}), 400, "text.format.type"),
+    (body(text={"format": {"type": "json_schema", "name": "x"}}), 400, "text.format.schema"),
     (body(reasoning={"effort": "high"}), 400, "reasoning"),
     (body(model="nope"), 404, "model"),
 ]

@@ -1,5 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API."""
 
+import hashlib
 import json
 import uuid
 from typing import Annotated, Any, Iterator, Literal, Optional, Union
@@ -9,7 +10,7 @@ import pydantic
 from pydantic import Field
 
 from ..engine.sampling import SamplingParams
-from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
+from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
 from .errors import anthropic_error_body
 from .generation import get_model, render_chat, start_generation
 from .response import Encoder, respond
@@ -33,6 +34,7 @@ class TextBlock(Strict):
     type: Literal["text"]
     text: str
     cache_control: Optional[CacheControl] = None
+    citations: Optional[list[dict[str, Any]]] = None  # an earlier answer's sources, as clients hand it back
 
 
 class ToolUseBlock(Strict):
@@ -232,7 +234,7 @@ def _usage(usage: Usage) -> dict:
     }
 
 
-def _stop_reason(event: Finished) -> str:
+def _stop_reason(event: ChoiceEnd) -> str:
     if event.stop_sequence is not None:
         return "stop_sequence"
     return {"length": "max_tokens", "tool_calls": "tool_use"}.get(event.reason, "end_turn")
@@ -275,8 +277,16 @@ def count_tokens():
     return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
 
 
+def _signature(thinking: str) -> str:
+    """A thinking block's signature: a digest of its text (clients hand it back; nothing here checks it)."""
+    return hashlib.sha256(thinking.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class MessagesEncoder(Encoder):
-    """message_start (the commit), content blocks, message_delta, message_stop; ``ping`` as keep-alive."""
+    """message_start (the commit), content blocks, message_delta, message_stop; ``ping`` as keep-alive.
+
+    The model's thinking is a ``thinking`` block before the text.
+    """
 
     keepalive = PING
 
@@ -286,27 +296,41 @@ class MessagesEncoder(Encoder):
             "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(Usage(input_tokens, 0)),
         }
         self.blocks = 0
-        self.text_open = False
+        self.open_block: Optional[str] = None  # "text" or "thinking": the block being written
+        self.thinking: list[str] = []
+        self.end = ChoiceEnd("stop")
 
-    def _close_text(self) -> Iterator[str]:
-        if self.text_open:
+    def _close_block(self) -> Iterator[str]:
+        if self.open_block == "thinking":
+            delta = {"type": "signature_delta", "signature": _signature("".join(self.thinking))}
+            yield sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
+            self.thinking = []
+        if self.open_block is not None:
             yield sse({"type": "content_block_stop", "index": self.blocks}, "content_block_stop")
             self.blocks += 1
-            self.text_open = False
+            self.open_block = None
+
+    def _delta(self, kind: str, delta: dict) -> Iterator[str]:
+        """A delta of a ``kind`` block, opening one first if another kind is open."""
+        if self.open_block != kind:
+            yield from self._close_block()
+            block = {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "", "signature": ""}
+            yield sse({"type": "content_block_start", "index": self.blocks, "content_block": block}, "content_block_start")
+            self.open_block = kind
+        yield sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
 
     def start(self) -> Iterator[str]:
         yield sse({"type": "message_start", "message": self.head}, "message_start")
 
     def text(self, event: TextDelta) -> Iterator[str]:
-        if not self.text_open:
-            start = {"type": "content_block_start", "index": self.blocks, "content_block": {"type": "text", "text": ""}}
-            yield sse(start, "content_block_start")
-            self.text_open = True
-        delta = {"type": "content_block_delta", "index": self.blocks, "delta": {"type": "text_delta", "text": event.text}}
-        yield sse(delta, "content_block_delta")
+        yield from self._delta("text", {"type": "text_delta", "text": event.text})
+
+    def reasoning(self, event: ReasoningDelta) -> Iterator[str]:
+        self.thinking.append(event.text)
+        yield from self._delta("thinking", {"type": "thinking_delta", "thinking": event.text})
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
-        yield from self._close_text()
+        yield from self._close_block()
         start = {"type": "content_block_start", "index": self.blocks, "content_block": _tool_use(event, {})}
         yield sse(start, "content_block_start")
         delta = {"type": "input_json_delta", "partial_json": event.arguments}
@@ -314,9 +338,12 @@ class MessagesEncoder(Encoder):
         yield sse({"type": "content_block_stop", "index": self.blocks}, "content_block_stop")
         self.blocks += 1
 
+    def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
+        self.end = event
+        yield from self._close_block()
+
     def finished(self, event: Finished) -> Iterator[str]:
-        yield from self._close_text()
-        delta = {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_sequence}
+        delta = {"stop_reason": _stop_reason(self.end), "stop_sequence": self.end.stop_sequence}
         usage = _usage(event.usage)
         yield sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")
@@ -326,12 +353,22 @@ class MessagesEncoder(Encoder):
         yield sse(anthropic_error_body(kind, event.message), "error")
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
-        content = [
-            _tool_use(e, json.loads(e.arguments)) if isinstance(e, ToolCall) else {"type": "text", "text": e.text}
-            for e in output
-        ]
+        content: list[dict] = []
+        for event in output:
+            if isinstance(event, ToolCall):
+                content.append(_tool_use(event, json.loads(event.arguments)))
+            elif isinstance(event, TextDelta):
+                content.append({"type": "text", "text": event.text})
+            elif isinstance(event, ReasoningDelta):
+                if content and content[-1]["type"] == "thinking":
+                    content[-1]["thinking"] += event.text
+                else:
+                    content.append({"type": "thinking", "thinking": event.text})
+        for block in content:
+            if block["type"] == "thinking":
+                block["signature"] = _signature(block["thinking"])
+        end = next(e for e in output if isinstance(e, ChoiceEnd))
         return {
-            **self.head, "content": content, "stop_reason": _stop_reason(finished),
-            "stop_sequence": finished.stop_sequence,
-            "usage": _usage(finished.usage),
+            **self.head, "content": content, "stop_reason": _stop_reason(end),
+            "stop_sequence": end.stop_sequence, "usage": _usage(finished.usage),
         }

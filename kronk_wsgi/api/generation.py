@@ -4,22 +4,25 @@ Model lookup and load, admission, prompt preparation and the context check
 all happen here, so their failures are real HTTP errors.
 """
 
+import dataclasses
 import select
 import socket
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import jsonschema
 import jsonschema.protocols
 from flask import request
 
 from ..engine.chat_template import ChatTemplateError, RenderedPrompt
+from ..engine.grammar import Grammar, GrammarError, json_schema_grammar
 from ..engine.sampling import SamplingParams
 from ..serving.drain import ShuttingDown
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded
+from ..serving.reasoning import opens_thinking, reasoning_of
 from ..serving.session import Session
-from ..serving.tool_calls import ToolCallRules, forced_opening, syntax_of
+from ..serving.tool_calls import ToolCallRules, forced_call_grammar, forced_opening, syntax_of
 from .errors import ApiError, invalid, model_not_found
 from .state import record, state
 
@@ -71,19 +74,34 @@ def render_chat(
         raise invalid(str(exc), param="messages") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplyFormat:
+    """JSON that the reply must be: valid against ``schema``; with ``strict``, every keyword enforced."""
+
+    schema: dict
+    strict: bool
+    param: str  # where the request gave it
+
+
+JSON_OBJECT = {"type": "object"}
+MAX_CHOICES = 16  # choices (prompts times n) in one request
+
+
 def start_generation(
     model_id: str,
     *,
     messages: Optional[list[dict]] = None,
-    text: Optional[str] = None,
-    token_ids: Optional[list[int]] = None,
+    prompts: Sequence[Union[str, list[int]]] = (),
     thinking: Optional[bool] = None,
     prompt_param: str,
+    n: int = 1,
     tools: Optional[list[dict]] = None,
     strict_tools: frozenset[str] = frozenset(),
     tool_choice: str = "auto",
     tool_name: Optional[str] = None,
     one_tool_call: bool = False,
+    reply_format: Optional[ReplyFormat] = None,
+    top_logprobs: Optional[int] = None,
     max_tokens: Optional[int],
     max_tokens_param: str,
     sampling: Callable[[LoadedModel], SamplingParams],
@@ -91,53 +109,106 @@ def start_generation(
 ) -> Session:
     """Admit and prepare one generation; return its not yet started session.
 
-    The prompt is chat ``messages`` rendered by the model's template, raw
-    ``text``, or ``token_ids`` taken as they are; ``thinking`` switches a
-    reasoning model's thinking on or off where its template can. With ``tools``, tool calls are parsed out of the reply unless
+    The prompt is chat ``messages`` rendered by the model's template, or else
+    each of the raw ``prompts`` (text, or token ids taken as they are); each
+    gets ``n`` replies. ``thinking`` switches a reasoning model's thinking on
+    or off where its template can; its thinking is told apart from its answer.
+    With ``tools``, tool calls are parsed out of the reply unless
     ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
-    reply inside a tool call, and ``one_tool_call`` ends it after the first.
-    A call is taken only if it names one of the tools and, for the
-    ``strict_tools``, its arguments validate against the tool's schema.
+    reply inside a tool call whose arguments are constrained to the tool's
+    schema, and ``one_tool_call`` ends it after the first. A call is taken
+    only if it names one of the tools and, for the ``strict_tools``, its
+    arguments validate against the tool's schema. A ``reply_format`` constrains
+    the reply to JSON; ``top_logprobs`` reports log probabilities.
     """
     if tool_name is not None and tool_name not in {t["function"]["name"] for t in tools or ()}:
         raise invalid(f"tool_choice names {tool_name!r}, which is not among the tools", param="tool_choice")
+    if reply_format is not None and tools and tool_choice != "none":
+        raise invalid("a JSON response format together with tools is not supported yet: "
+                      "send tool_choice none, or no response format", param=reply_format.param)
+    if len(prompts or [None]) * n > MAX_CHOICES:
+        raise invalid(f"at most {MAX_CHOICES} choices (prompts times n) per request", param="n")
     accept = _accept_calls(tools or [], strict_tools)
+    if reply_format is not None:
+        _check_schema(reply_format.schema, reply_format.param, "the response format's schema")
 
     def job(model: LoadedModel) -> GenerationJob:
         params = sampling(model)
-        prompt = RenderedPrompt(text or "") if messages is None else render_chat(model, messages, tools, thinking)
-        rules = None
-        reply_start = ""
-        if tools and tool_choice != "none":
-            rules = ToolCallRules(syntax_of(model.template.source), accept)
-            if tool_choice == "required" or tool_name is not None:
-                reply_start = forced_opening(rules.syntax, tool_name)
-        context = model.engine.context_length
-        if token_ids is not None:
-            tokens = _known_ids(model, token_ids, prompt_param)
+        tokenizer = model.engine.tokenizer
+        rules, reply_start, grammar_text, reasoning, inside_thinking = None, "", None, None, False
+        if messages is not None:
+            rendered = render_chat(model, messages, tools, thinking)
+            reasoning = reasoning_of(model.template.source)
+            inside_thinking = reasoning is not None and opens_thinking(rendered.text, reasoning)
+            if tools and tool_choice != "none":
+                rules = ToolCallRules(syntax_of(model.template.source), accept)
+                if tool_choice == "required" or tool_name is not None:
+                    reply_start = forced_opening(rules.syntax, tool_name)
+                    grammar_text = forced_call_grammar(rules.syntax, tools, strict_tools, tool_name, tokenizer.control)
+            texts: Sequence[Union[str, list[int], RenderedPrompt]] = [rendered]
         else:
-            full = prompt.text + reply_start
-            fewest = model.engine.tokenizer.fewest_tokens(full.replace(prompt.inert, "") if prompt.inert else full)
-            if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
-                raise invalid(
-                    f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
-                    param=prompt_param, code="context_length_exceeded",
-                )
-            tokens = model.tokenize(full, inert=prompt.inert)
-        if len(tokens) + (max_tokens or 1) > context:
-            raise invalid(
-                f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens"
-                + (f" and {max_tokens_param} asks for {max_tokens} more" if max_tokens else ""),
-                param=max_tokens_param if max_tokens else prompt_param,
-                code="context_length_exceeded",
-            )
+            texts = prompts
+        if reply_format is not None:
+            grammar_text = json_schema_grammar(reply_format.schema, lenient=not reply_format.strict)
+        after_prompt = reply_start
+        if inside_thinking and reply_start:  # a forced call comes after the thinking: it is left empty
+            after_prompt = reasoning.close + "\n\n" + reply_start
+            inside_thinking = False
+        token_lists = [_prompt_tokens(model, text, after_prompt, prompt_param, max_tokens, max_tokens_param)
+                       for text in texts]
+        grammar = None
+        if grammar_text is not None:
+            try:
+                grammar = model.tokenizer.apply(Grammar, (tokenizer, model.end_ids, grammar_text))
+            except GrammarError as exc:
+                param = reply_format.param if reply_format is not None else "tools"
+                raise invalid(f"the schema cannot be enforced: {exc}", param=param) from None
+        context = model.engine.context_length
         return GenerationJob(
-            tokens, tokenizer=model.engine.tokenizer, end_ids=model.end_ids,
-            max_tokens=max_tokens or context - len(tokens), sampling=params, stop=stop,
+            token_lists, n=n, tokenizer=tokenizer, end_ids=model.end_ids,
+            max_tokens=max_tokens or context - max(map(len, token_lists)), sampling=params, stop=stop,
             tool_rules=rules, reply_start=reply_start, one_tool_call=one_tool_call,
+            reasoning=reasoning, inside_thinking=inside_thinking, grammar=grammar, top_logprobs=top_logprobs,
         )
 
     return _start(model_id, job)
+
+
+def _prompt_tokens(
+    model: LoadedModel, prompt: Union[str, list[int], RenderedPrompt], after_prompt: str, param: str,
+    max_tokens: Optional[int], max_tokens_param: str,
+) -> list[int]:
+    """One prompt's tokens, ``after_prompt`` text included; 400 if it does not fit the context with ``max_tokens`` more."""
+    context = model.engine.context_length
+    if isinstance(prompt, list):
+        tokens = _known_ids(model, prompt, param)
+    else:
+        rendered = prompt if isinstance(prompt, RenderedPrompt) else RenderedPrompt(prompt)
+        full = rendered.text + after_prompt
+        fewest = model.engine.tokenizer.fewest_tokens(full.replace(rendered.inert, "") if rendered.inert else full)
+        if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
+            raise invalid(
+                f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
+                param=param, code="context_length_exceeded",
+            )
+        tokens = model.tokenize(full, inert=rendered.inert)
+    if len(tokens) + (max_tokens or 1) > context:
+        raise invalid(
+            f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens"
+            + (f" and {max_tokens_param} asks for {max_tokens} more" if max_tokens else ""),
+            param=max_tokens_param if max_tokens else param,
+            code="context_length_exceeded",
+        )
+    return tokens
+
+
+def _check_schema(schema: dict, param: str, what: str = "the schema") -> None:
+    """400 unless ``schema`` is a JSON Schema."""
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise invalid(f"{what} is not a valid JSON Schema: {exc.message}", param=param) from None
 
 
 def _known_ids(model: LoadedModel, ids: list[int], param: str) -> list[int]:
@@ -156,12 +227,8 @@ def _accept_calls(tools: list[dict], strict_tools: frozenset[str]) -> Callable[[
         if name not in strict_tools:
             checks[name] = None
             continue
-        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        try:
-            validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise invalid(f"the parameters of tool {name!r} are not a valid JSON Schema: {exc.message}", param="tools") from None
-        checks[name] = validator(schema)
+        _check_schema(schema, "tools", f"the parameters of tool {name!r}")
+        checks[name] = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
 
     def accept(name: str, arguments: dict) -> bool:
         return name in checks and (checks[name] is None or checks[name].is_valid(arguments))

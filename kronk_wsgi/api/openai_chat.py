@@ -1,16 +1,17 @@
 """POST /v1/chat/completions: OpenAI chat completions, streamed or whole."""
 
-import abc
 import time
 import uuid
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from flask import Blueprint
 
-from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
+from ..serving.events import (
+    ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
+)
 from .generation import start_generation
 from .response import Encoder, respond
-from .schemas import ChatCompletionRequest, parse_body
+from .schemas import ChatCompletionRequest, parse_body, reply_format
 from .sse import DONE, sse
 from .state import record
 
@@ -55,6 +56,9 @@ def chat_completions():
         tool_choice=tool_choice,
         tool_name=tool_name,
         one_tool_call=body.parallel_tool_calls is False,
+        n=body.n,
+        reply_format=reply_format(body.response_format, "response_format"),
+        top_logprobs=body.logprobs_asked(),
         max_tokens=body.token_limit,
         max_tokens_param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
         sampling=lambda model: body.sampling(model.engine.tokenizer.vocab_size),
@@ -62,7 +66,8 @@ def chat_completions():
     )
     completion_id = record().response_id = "chatcmpl-" + uuid.uuid4().hex
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return respond(session, ChatEncoder(body.model, completion_id, int(time.time()), include_usage), body.stream)
+    encoder = ChatEncoder(body.model, completion_id, int(time.time()), include_usage, body.n, body.logprobs)
+    return respond(session, encoder, body.stream)
 
 
 def _tool_call(call: ToolCall, index: int) -> dict:
@@ -70,19 +75,41 @@ def _tool_call(call: ToolCall, index: int) -> dict:
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-class OpenAIEncoder(Encoder):
-    """What OpenAI's chunk protocols share: a finish chunk, usage if asked for, [DONE]; a failure as data."""
+def token_text(piece: bytes) -> str:
+    """A token's bytes as text; bytes that are not whole UTF-8 characters are written as \\xNN."""
+    return piece.decode("utf-8", "backslashreplace")
 
-    def __init__(self, head: dict, include_usage: bool) -> None:
+
+def logprob_content(tokens: Iterable[TokenLogprob]) -> list[dict]:
+    """Chat's logprobs.content entries."""
+
+    def entry(piece: bytes, logprob: float) -> dict:
+        return {"token": token_text(piece), "logprob": logprob, "bytes": list(piece)}
+
+    return [{**entry(t.piece, t.logprob), "top_logprobs": [entry(p, lp) for p, lp in t.top]} for t in tokens]
+
+
+class OpenAIEncoder(Encoder):
+    """What OpenAI's chunk protocols share: a finish chunk per choice, usage if asked for, [DONE]; a failure as data.
+
+    ``choices`` is how many choices the answer has; log probabilities are
+    kept per choice until the chunk that carries their text.
+    """
+
+    def __init__(self, head: dict, include_usage: bool, choices: int) -> None:
         self.head = head
         self.include_usage = include_usage
+        self.choices = choices
+        self.pending: dict[int, list[TokenLogprob]] = {}
 
-    @abc.abstractmethod
-    def _finish(self, reason: str) -> str:
-        """The chunk that carries the finish reason."""
+    def logprobs(self, event: Logprobs) -> Iterator[str]:
+        self.pending.setdefault(event.index, []).extend(event.tokens)
+        return iter(())
+
+    def take_logprobs(self, index: int) -> list[TokenLogprob]:
+        return self.pending.pop(index, [])
 
     def finished(self, event: Finished) -> Iterator[str]:
-        yield self._finish(event.reason)
         if self.include_usage:
             yield sse({**self.head, "choices": [], "usage": usage_body(event.usage)})
         yield DONE
@@ -91,45 +118,78 @@ class OpenAIEncoder(Encoder):
         yield sse(failure_body(event))
 
 
-class ChatEncoder(OpenAIEncoder):
-    """chat.completion.chunk frames: role first (the commit), text and tool calls, finish, usage, [DONE]."""
+def by_choice(output: list[Event], choices: int) -> list[list[Event]]:
+    """A whole answer's events, choice by choice."""
+    grouped: list[list[Event]] = [[] for _ in range(choices)]
+    for event in output:
+        grouped[event.index].append(event)
+    return grouped
 
-    def __init__(self, model: str, completion_id: str, created: int, include_usage: bool) -> None:
+
+class ChatEncoder(OpenAIEncoder):
+    """chat.completion.chunk frames: roles first (the commit), text, thinking and tool calls, finishes, usage, [DONE].
+
+    The model's thinking goes in ``reasoning_content``, as llama.cpp's and DeepSeek's servers write it.
+    """
+
+    def __init__(self, model: str, completion_id: str, created: int, include_usage: bool,
+                 choices: int = 1, logprobs: bool = False) -> None:
         head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
                 "system_fingerprint": FINGERPRINT}
-        super().__init__(head, include_usage)
-        self.calls = 0
+        super().__init__(head, include_usage, choices)
+        self.with_logprobs = logprobs
+        self.calls: dict[int, int] = {}
 
-    def _chunk(self, delta: dict, finish: Optional[str] = None) -> str:
-        chunk = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    def _chunk(self, delta: dict, index: int = 0, finish: Optional[str] = None,
+               logprobs: Optional[list[TokenLogprob]] = None) -> str:
+        listed = {"content": logprob_content(logprobs), "refusal": None} if logprobs else None
+        choice = {"index": index, "delta": delta, "logprobs": listed, "finish_reason": finish}
+        chunk = {**self.head, "choices": [choice]}
         if self.include_usage:
             chunk["usage"] = None
         return sse(chunk)
 
     def start(self) -> Iterator[str]:
-        yield self._chunk({"role": "assistant", "content": ""})
+        for index in range(self.choices):
+            yield self._chunk({"role": "assistant", "content": ""}, index)
 
     def text(self, event: TextDelta) -> Iterator[str]:
-        yield self._chunk({"content": event.text})
+        yield self._chunk({"content": event.text}, event.index, logprobs=self.take_logprobs(event.index))
+
+    def reasoning(self, event: ReasoningDelta) -> Iterator[str]:
+        yield self._chunk({"reasoning_content": event.text}, event.index)
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         # The call's head, then its arguments: clients accumulate the deltas by index.
-        head = _tool_call(event, self.calls)
-        yield self._chunk({"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]})
-        yield self._chunk({"tool_calls": [{"index": self.calls, "function": {"arguments": event.arguments}}]})
-        self.calls += 1
+        number = self.calls.get(event.index, 0)
+        self.calls[event.index] = number + 1
+        head = _tool_call(event, number)
+        yield self._chunk({"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]}, event.index)
+        yield self._chunk({"tool_calls": [{"index": number, "function": {"arguments": event.arguments}}]}, event.index)
 
-    def _finish(self, reason: str) -> str:
-        return self._chunk({}, reason)
+    def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
+        rest = self.take_logprobs(event.index)
+        if rest:  # tokens whose text was held back or parsed into a tool call
+            yield self._chunk({}, event.index, logprobs=rest)
+        yield self._chunk({}, event.index, event.reason)
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
-        text = "".join(e.text for e in output if isinstance(e, TextDelta))
-        calls = [_tool_call(e, i) for i, e in enumerate(e for e in output if isinstance(e, ToolCall))]
-        message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
-        if calls:
-            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
         return {
             **self.head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finished.reason}],
+            "choices": [self._choice(index, events) for index, events in enumerate(by_choice(output, self.choices))],
             "usage": usage_body(finished.usage),
         }
+
+    def _choice(self, index: int, events: list[Event]) -> dict:
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+        calls = [_tool_call(e, i) for i, e in enumerate(e for e in events if isinstance(e, ToolCall))]
+        message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
+        if thinking:
+            message["reasoning_content"] = thinking
+        if calls:
+            message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+        tokens = [t for e in events if isinstance(e, Logprobs) for t in e.tokens]
+        end = next(e for e in events if isinstance(e, ChoiceEnd))
+        listed = {"content": logprob_content(tokens), "refusal": None} if self.with_logprobs else None
+        return {"index": index, "message": message, "logprobs": listed, "finish_reason": end.reason}

@@ -1,5 +1,6 @@
 """POST /v1/completions: OpenAI's legacy text completions, streamed or whole."""
 
+import itertools
 import time
 import uuid
 from typing import Annotated, Iterator, Literal, Optional, Union
@@ -8,9 +9,9 @@ import pydantic
 from flask import Blueprint
 from pydantic import Field
 
-from ..serving.events import Event, Finished, TextDelta
+from ..serving.events import ChoiceEnd, Event, Finished, Logprobs, TextDelta, TokenLogprob
 from .generation import start_generation
-from .openai_chat import FINGERPRINT, OpenAIEncoder, usage_body
+from .openai_chat import FINGERPRINT, OpenAIEncoder, by_choice, token_text, usage_body
 from .response import respond
 from .schemas import SamplingFields, StreamOptions, parse_body
 from .sse import sse
@@ -23,24 +24,17 @@ Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
-    """``prompt`` as a string or token ids, or a list of one of them (several prompts: not yet)."""
+    """``prompt`` as a string or token ids, or a list of several of either: each prompt gets ``n`` choices."""
 
     model: str
-    prompt: Union[str, Tokens, Annotated[list[str], Field(min_length=1, max_length=1)],
-                  Annotated[list[Tokens], Field(min_length=1, max_length=1)]]
+    prompt: Union[str, Tokens, Annotated[list[str], Field(min_length=1)], Annotated[list[Tokens], Field(min_length=1)]]
     max_tokens: Optional[Annotated[int, Field(ge=1)]] = 16
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     echo: Literal[False] = False
     suffix: Optional[str] = None
     best_of: Literal[1] = 1
-
-    @pydantic.field_validator("prompt", mode="before")
-    @classmethod
-    def _one_prompt(cls, value):
-        if isinstance(value, list) and len(value) > 1 and not isinstance(value[0], int):
-            raise ValueError("several prompts in one request are not supported yet: send one prompt")
-        return value
+    logprobs: Optional[Annotated[int, Field(ge=0, le=5)]] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionRequest":
@@ -48,20 +42,26 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix (fill-in-the-middle) is not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
-        if isinstance(self.prompt, list) and not isinstance(self.prompt[0], int):
-            self.prompt = self.prompt[0]  # a list of one prompt is that prompt
         return self
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """Each prompt: a text or token ids."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
 
 
 @bp.post("/v1/completions")
 def completions():
-    """Continue a prompt."""
+    """Continue each prompt."""
     body = parse_body(CompletionRequest)
+    prompts = body.prompts()
     session = start_generation(
         body.model,
-        text=body.prompt if isinstance(body.prompt, str) else None,
-        token_ids=None if isinstance(body.prompt, str) else body.prompt,
+        prompts=prompts,
         prompt_param="prompt",
+        n=body.n,
+        top_logprobs=body.logprobs,
         max_tokens=body.max_tokens,
         max_tokens_param="max_tokens",
         sampling=lambda model: body.sampling(model.engine.tokenizer.vocab_size),
@@ -69,34 +69,56 @@ def completions():
     )
     completion_id = record().response_id = "cmpl-" + uuid.uuid4().hex
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return respond(session, CompletionEncoder(body.model, completion_id, include_usage), body.stream)
+    encoder = CompletionEncoder(body.model, completion_id, include_usage, len(prompts) * body.n, body.logprobs is not None)
+    return respond(session, encoder, body.stream)
 
 
-def _choice(text: str, finish: Optional[str]) -> dict:
-    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+def _logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
+    """The legacy logprobs object; text offsets count from ``offset`` characters into the choice's text."""
+    texts = [token_text(t.piece) for t in tokens]
+    offsets = list(itertools.accumulate((len(t) for t in texts[:-1]), initial=offset))
+    return {
+        "tokens": texts, "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [{token_text(piece): lp for piece, lp in t.top} for t in tokens], "text_offset": offsets,
+    }
 
 
 class CompletionEncoder(OpenAIEncoder):
-    """text_completion frames: an empty choice first (the commit), text, finish, usage, [DONE]."""
+    """text_completion frames: an empty choice first (the commit), text, finishes, usage, [DONE]."""
 
-    def __init__(self, model: str, completion_id: str, include_usage: bool) -> None:
+    def __init__(self, model: str, completion_id: str, include_usage: bool, choices: int = 1,
+                 logprobs: bool = False) -> None:
         head = {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
                 "system_fingerprint": FINGERPRINT}
-        super().__init__(head, include_usage)
+        super().__init__(head, include_usage, choices)
+        self.with_logprobs = logprobs
+        self.offsets: dict[int, int] = {}  # characters of each choice's text sent so far
 
-    def _frame(self, text: str, finish: Optional[str] = None) -> str:
+    def _choice(self, index: int, text: str, finish: Optional[str], tokens: Optional[list[TokenLogprob]]) -> dict:
+        offset = self.offsets.get(index, 0)
+        self.offsets[index] = offset + sum(len(token_text(t.piece)) for t in tokens or ())
+        listed = _logprobs(tokens, offset) if self.with_logprobs and tokens is not None else None
+        return {"text": text, "index": index, "logprobs": listed, "finish_reason": finish}
+
+    def _frame(self, index: int, text: str, finish: Optional[str] = None,
+               tokens: Optional[list[TokenLogprob]] = None) -> str:
         extra = {"usage": None} if self.include_usage else {}
-        return sse({**self.head, "choices": [_choice(text, finish)], **extra})
+        return sse({**self.head, "choices": [self._choice(index, text, finish, tokens)], **extra})
 
     def start(self) -> Iterator[str]:
-        yield self._frame("")
+        yield self._frame(0, "")
 
     def text(self, event: TextDelta) -> Iterator[str]:
-        yield self._frame(event.text)
+        yield self._frame(event.index, event.text, tokens=self.take_logprobs(event.index))
 
-    def _finish(self, reason: str) -> str:
-        return self._frame("", reason)
+    def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
+        yield self._frame(event.index, "", event.reason, self.take_logprobs(event.index))
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
-        text = "".join(e.text for e in output if isinstance(e, TextDelta))
-        return {**self.head, "choices": [_choice(text, finished.reason)], "usage": usage_body(finished.usage)}
+        choices = []
+        for index, events in enumerate(by_choice(output, self.choices)):
+            text = "".join(e.text for e in events if isinstance(e, TextDelta))
+            tokens = [t for e in events if isinstance(e, Logprobs) for t in e.tokens]
+            end = next(e for e in events if isinstance(e, ChoiceEnd))
+            choices.append(self._choice(index, text, end.reason, tokens))
+        return {**self.head, "choices": choices, "usage": usage_body(finished.usage)}

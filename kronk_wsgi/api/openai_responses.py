@@ -10,12 +10,12 @@ from flask import Blueprint, jsonify
 from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
-from ..serving.events import Event, Failed, Finished, TextDelta, ToolCall, Usage
+from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
 from .errors import ApiError
-from .generation import start_generation
+from .generation import JSON_OBJECT, ReplyFormat, start_generation
 from .response import Encoder, respond
 from .schemas import (
-    FunctionName, ServiceTier, Strict, json_object, parse_body, template_role, template_tool, template_tool_call,
+    FunctionName, SchemaName, ServiceTier, Strict, json_object, parse_body, template_role, template_tool, template_tool_call,
 )
 from .sse import sse
 from .state import record, state
@@ -69,6 +69,17 @@ class FunctionCallOutputItem(Strict):
     status: Optional[str] = None
 
 
+class ReasoningItem(Strict):
+    """An earlier turn's thinking, handed back: accepted, and left out of the prompt."""
+
+    type: Literal["reasoning"]
+    id: Optional[str] = None
+    summary: list[Any] = []
+    content: Optional[list[Any]] = None
+    encrypted_content: Optional[str] = None
+    status: Optional[str] = None
+
+
 def _item_type(value: Any) -> Optional[str]:
     return value.get("type", "message") if isinstance(value, dict) else None
 
@@ -78,6 +89,7 @@ InputItem = Annotated[
         Annotated[MessageItem, Tag("message")],
         Annotated[FunctionCallItem, Tag("function_call")],
         Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+        Annotated[ReasoningItem, Tag("reasoning")],
     ],
     Discriminator(_item_type),
 ]
@@ -100,8 +112,29 @@ class TextFormat(Strict):
     type: Literal["text"]
 
 
+class JsonObjectTextFormat(Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaTextFormat(Strict):
+    type: Literal["json_schema"]
+    name: SchemaName
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: Optional[str] = None
+    strict: Optional[bool] = None
+
+
 class TextConfig(Strict):
-    format: Optional[TextFormat] = None
+    format: Optional[Annotated[
+        Union[TextFormat, JsonObjectTextFormat, JsonSchemaTextFormat], Field(discriminator="type")]] = None
+    verbosity: Optional[Literal["medium"]] = None
+
+    def reply_format(self) -> Optional[ReplyFormat]:
+        if isinstance(self.format, JsonObjectTextFormat):
+            return ReplyFormat(JSON_OBJECT, strict=False, param="text.format")
+        if isinstance(self.format, JsonSchemaTextFormat):
+            return ReplyFormat(self.format.schema_, bool(self.format.strict), "text.format")
+        return None
 
 
 class ResponsesRequest(Strict):
@@ -146,7 +179,7 @@ class ResponsesRequest(Strict):
                 if not messages or messages[-1]["role"] != "assistant":
                     messages.append({"role": "assistant", "content": ""})
                 messages[-1].setdefault("tool_calls", []).append(call)
-            else:
+            elif isinstance(item, FunctionCallOutputItem):
                 messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
         return messages
 
@@ -226,6 +259,7 @@ def responses():
         tool_choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
         tool_name=None if choice is None or isinstance(choice, str) else choice.name,
         one_tool_call=body.parallel_tool_calls is False,
+        reply_format=body.text.reply_format() if body.text else None,
         max_tokens=body.max_output_tokens,
         max_tokens_param="max_output_tokens",
         sampling=lambda model: body.sampling(),
@@ -239,7 +273,8 @@ def responses():
         "max_output_tokens": body.max_output_tokens, "model": body.model, "output": [],
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": body.previous_response_id, "store": store, "temperature": body.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
+                 if body.text and body.text.format else {"type": "text"}},
         "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else choice or "auto",
         "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p, "truncation": "disabled",
         "usage": None, "user": body.user, "metadata": body.metadata or {},
@@ -266,9 +301,9 @@ def delete_response(response_id: str):
     return jsonify({"id": response_id, "object": "response", "deleted": True})
 
 
-def _final(base: dict, output: list[dict], event: Finished) -> dict:
+def _final(base: dict, output: list[dict], end: ChoiceEnd, event: Finished) -> dict:
     """The finished response object: completed, or incomplete at max_output_tokens."""
-    incomplete = event.reason == "length"
+    incomplete = end.reason == "length"
     return {
         **base, "status": "incomplete" if incomplete else "completed", "output": output,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
@@ -276,12 +311,20 @@ def _final(base: dict, output: list[dict], event: Finished) -> dict:
     }
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict:
+    content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
 def _output_text(output: list[dict]) -> str:
     return "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
 
 
 class ResponsesEncoder(Encoder):
-    """Numbered events from 0: created and in_progress (the commit), output items, completed or incomplete."""
+    """Numbered events from 0: created and in_progress (the commit), output items, completed or incomplete.
+
+    The model's thinking is a reasoning item (its text as reasoning_text) before the answer.
+    """
 
     def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None) -> None:
         self.base = base
@@ -290,6 +333,9 @@ class ResponsesEncoder(Encoder):
         self.output: list[dict] = []
         self.message_id: Optional[str] = None  # the message item being written, if any
         self.texts: list[str] = []
+        self.reasoning_id: Optional[str] = None  # the reasoning item being written, if any
+        self.thoughts: list[str] = []
+        self.end = ChoiceEnd("stop")
 
     def _event(self, kind: str, **fields: Any) -> str:
         frame = sse({"type": kind, "sequence_number": self.sequence, **fields}, kind)
@@ -300,7 +346,28 @@ class ResponsesEncoder(Encoder):
         yield self._event("response.created", response=self.base)
         yield self._event("response.in_progress", response=self.base)
 
+    def reasoning(self, event: ReasoningDelta) -> Iterator[str]:
+        if self.reasoning_id is None:
+            self.reasoning_id = _new_id("rs_")
+            yield self._event("response.output_item.added", output_index=len(self.output),
+                              item=_reasoning_item(self.reasoning_id, "", "in_progress"))
+        self.thoughts.append(event.text)
+        yield self._event("response.reasoning_text.delta", item_id=self.reasoning_id, output_index=len(self.output),
+                          content_index=0, delta=event.text)
+
+    def _close_reasoning(self) -> Iterator[str]:
+        if self.reasoning_id is None:
+            return
+        text, item_id = "".join(self.thoughts), self.reasoning_id
+        yield self._event("response.reasoning_text.done", item_id=item_id, output_index=len(self.output),
+                          content_index=0, text=text)
+        item = _reasoning_item(item_id, text, "completed")
+        yield self._event("response.output_item.done", output_index=len(self.output), item=item)
+        self.output.append(item)
+        self.reasoning_id, self.thoughts = None, []
+
     def text(self, event: TextDelta) -> Iterator[str]:
+        yield from self._close_reasoning()
         where = {"output_index": len(self.output), "content_index": 0}
         if self.message_id is None:
             self.message_id = _new_id("msg_")
@@ -324,6 +391,7 @@ class ResponsesEncoder(Encoder):
         self.message_id, self.texts = None, []
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
+        yield from self._close_reasoning()
         yield from self._close_message("completed")
         index, item_id = len(self.output), "fc_" + event.id
         yield self._event("response.output_item.added", output_index=index, item=_call_item(event, "", "in_progress"))
@@ -335,9 +403,13 @@ class ResponsesEncoder(Encoder):
         yield self._event("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
 
-    def finished(self, event: Finished) -> Iterator[str]:
+    def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
+        self.end = event
+        yield from self._close_reasoning()
         yield from self._close_message("incomplete" if event.reason == "length" else "completed")
-        final = _final(self.base, self.output, event)
+
+    def finished(self, event: Finished) -> Iterator[str]:
+        final = _final(self.base, self.output, self.end, event)
         if self.keep:
             self.keep(final)  # before the client hears it is done: it may continue the conversation at once
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
@@ -349,14 +421,17 @@ class ResponsesEncoder(Encoder):
                                                          "output": self.output})
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
-        items: list[dict] = []
-        for position, event in enumerate(output):
+        end = next(e for e in output if isinstance(e, ChoiceEnd))
+        answer = [e for e in output if not isinstance(e, (ChoiceEnd, ReasoningDelta))]
+        thinking = "".join(e.text for e in output if isinstance(e, ReasoningDelta))
+        items = [_reasoning_item(_new_id("rs_"), thinking, "completed")] if thinking else []
+        for position, event in enumerate(answer):
             if isinstance(event, ToolCall):
                 items.append(_call_item(event, event.arguments, "completed"))
             else:
-                cut_short = position == len(output) - 1 and finished.reason == "length"
+                cut_short = position == len(answer) - 1 and end.reason == "length"
                 items.append(_message_item(_new_id("msg_"), event.text, "incomplete" if cut_short else "completed"))
-        final = _final(self.base, items, finished)
+        final = _final(self.base, items, end, finished)
         if self.keep:
             self.keep(final)
         return {**final, "output_text": _output_text(items)}

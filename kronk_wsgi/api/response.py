@@ -13,7 +13,9 @@ from typing import Iterator
 
 from flask import Response, jsonify
 
-from ..serving.events import Event, Failed, Finished, KeepAlive, TextDelta, ToolCall
+from ..serving.events import (
+    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, ReasoningDelta, TextDelta, ToolCall, coalesce,
+)
 from ..serving.session import Session
 from .errors import ApiError
 from .sse import KEEPALIVE_COMMENT, event_stream
@@ -35,9 +37,21 @@ class Encoder(abc.ABC):
     def text(self, event: TextDelta) -> Iterator[str]:
         """Frames for new text."""
 
+    def reasoning(self, event: ReasoningDelta) -> Iterator[str]:
+        """Frames for new thinking (only chat protocols get any)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no chat")
+
+    def logprobs(self, event: Logprobs) -> Iterator[str]:
+        """Frames for log probabilities (only protocols that can ask for them get any)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no logprobs")
+
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         """Frames for a tool call (only protocols that take tools get one)."""
         raise NotImplementedError(f"{type(self).__name__} takes no tools")
+
+    @abc.abstractmethod
+    def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
+        """Frames for the end of one choice."""
 
     @abc.abstractmethod
     def finished(self, event: Finished) -> Iterator[str]:
@@ -49,22 +63,20 @@ class Encoder(abc.ABC):
 
     @abc.abstractmethod
     def whole(self, output: list[Event], finished: Finished) -> dict:
-        """The answer as one object, when it is not streamed."""
+        """The answer as one object, when it is not streamed; ``output`` has text runs merged."""
 
     def frames(self, events: Iterator[Event]) -> Iterator[str]:
         """Every frame of a streamed answer, from the start to the protocol's end or its in-band error."""
         yield from self.start()
+        writers = {
+            TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, ToolCall: self.tool_call,
+            ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
+        }
         for event in events:
-            if isinstance(event, TextDelta):
-                yield from self.text(event)
-            elif isinstance(event, ToolCall):
-                yield from self.tool_call(event)
-            elif isinstance(event, KeepAlive):
+            if isinstance(event, KeepAlive):
                 yield self.keepalive
-            elif isinstance(event, Finished):
-                yield from self.finished(event)
-            elif isinstance(event, Failed):
-                yield from self.failed(event)
+            else:
+                yield from writers[type(event)](event)
 
 
 def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
@@ -87,19 +99,17 @@ def _closing(session: Session, encoder: Encoder) -> Iterator[str]:
 def run_to_end(session: Session) -> tuple[list[Event], Finished]:
     """Run a session whose answer is not streamed: its output events and how it finished.
 
-    Consecutive text deltas come back merged into one. An engine failure becomes a 500 (the request
-    timeout a 504, a shutdown a 503), a client that left a 499; the session is closed in every case.
+    Each run of one choice's text comes back merged (``coalesce``). An engine failure becomes a 500 (the
+    request timeout a 504, a shutdown a 503), a client that left a 499; the session is closed in every case.
     """
     output: list[Event] = []
     try:
         for event in session:
             if isinstance(event, Finished):
-                return output, event
+                return coalesce(output), event
             if isinstance(event, Failed):
                 raise ApiError(FAILURE_STATUS.get(event.code, 500), event.message, code=event.code)
-            if isinstance(event, TextDelta) and output and isinstance(output[-1], TextDelta):
-                output[-1] = TextDelta(output[-1].text + event.text)
-            elif not isinstance(event, KeepAlive):
+            if not isinstance(event, KeepAlive):
                 output.append(event)
     finally:
         session.close()

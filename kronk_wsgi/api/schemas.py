@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import SamplingParams
 from .errors import ApiError, invalid
+from .generation import JSON_OBJECT, MAX_CHOICES, ReplyFormat
 from .state import state
 
 M = TypeVar("M", bound=BaseModel)
@@ -140,7 +141,7 @@ class SamplingFields(Strict):
     logit_bias: Optional[dict[str, Annotated[float, Field(ge=-100, le=100)]]] = None
     seed: Optional[int] = None
     stop: Union[str, Annotated[list[str], Field(max_length=4)], None] = None
-    n: Literal[1] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     user: Optional[str] = None
 
     def sampling(self, vocab_size: int) -> SamplingParams:
@@ -173,9 +174,36 @@ class Prediction(Strict):
 
 
 class TextResponseFormat(Strict):
-    """Plain text, the one response format served without constrained decoding (not built yet)."""
-
     type: Literal["text"]
+
+
+class JsonObjectFormat(Strict):
+    type: Literal["json_object"]
+
+
+SchemaName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class JsonSchemaSpec(Strict):
+    name: SchemaName
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class JsonSchemaFormat(Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+def reply_format(spec: Union[TextResponseFormat, JsonObjectFormat, JsonSchemaFormat, None], param: str,
+                 ) -> Optional[ReplyFormat]:
+    """What a response format asks of the reply: JSON, valid against a schema; None for text."""
+    if isinstance(spec, JsonObjectFormat):
+        return ReplyFormat(JSON_OBJECT, strict=False, param=param)
+    if isinstance(spec, JsonSchemaFormat):
+        return ReplyFormat(spec.json_schema.schema_ or JSON_OBJECT, bool(spec.json_schema.strict), param)
+    return None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -194,9 +222,12 @@ class ChatCompletionRequest(SamplingFields):
     service_tier: Optional[ServiceTier] = None
     modalities: Optional[list[Literal["text"]]] = None
     prediction: Optional[Prediction] = None
-    response_format: Optional[TextResponseFormat] = None
+    response_format: Optional[Annotated[
+        Union[TextResponseFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]] = None
     # Switches thinking on or off where the model's chat template can (``enable_thinking``).
     reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    logprobs: bool = False
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatCompletionRequest":
@@ -208,12 +239,18 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         if self.tool_choice is not None and not self.tools:
             raise ValueError("tool_choice needs tools")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
         return self
 
     def template_tools(self) -> Optional[list[dict]]:
         if not self.tools:
             return None
         return [template_tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools]
+
+    def logprobs_asked(self) -> Optional[int]:
+        """How many likeliest tokens to list with each token's log probability; None: no log probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def strict_tools(self) -> frozenset[str]:
         return frozenset(t.function.name for t in self.tools or () if t.function.strict)

@@ -5,11 +5,22 @@ yields text deltas and leaves counts and the finish reason on itself.
 """
 
 import codecs
+import dataclasses
 from typing import Callable, Iterator, Optional, Sequence
 
 from .base import Cancelled, Slot
-from .sampling import Sampler, SamplingParams
+from .grammar import Constraint
+from .sampling import Sampler, SamplingParams, logprobs
 from .tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledToken:
+    """A generated token with the model's log probability of it and of the likeliest tokens."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 class StopScanner:
@@ -52,7 +63,14 @@ class Generation:
 
     Generation stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
     which never reach the text; other control tokens add no text either,
-    except those in ``shown`` (a tool-call tag that is a control token).
+    except those in ``shown`` (a tag a parser reads that is a control token).
+    With a ``constraint`` only tokens it allows are sampled, and generation
+    stops when its grammar is complete; with ``constrain_after`` too, the
+    constraint starts once the text has reached that text (the end of a
+    reasoning model's thinking). With ``top_logprobs`` (0 or more),
+    each sampled token is added to ``sampled`` with its log probability; the
+    caller takes them as the text they make comes out. ``choice`` numbers the
+    replies to one prompt: each draws its own random numbers.
     After iteration ``finish_reason`` is "stop" (an end token or a stop
     sequence) or "length" (max_tokens or the context window),
     ``stop_sequence`` is the stop sequence that ended it, if one did, and
@@ -73,6 +91,10 @@ class Generation:
         sampling: SamplingParams,
         stop: Sequence[str] = (),
         cancelled: Callable[[], bool] = lambda: False,
+        constraint: Optional[Constraint] = None,
+        constrain_after: str = "",
+        top_logprobs: Optional[int] = None,
+        choice: int = 0,
     ) -> None:
         self.slot = slot
         self.prompt = prompt
@@ -84,6 +106,11 @@ class Generation:
         self.sampling = sampling
         self.stop = stop
         self.cancelled = cancelled
+        self.constraint = constraint
+        self.constrain_after = constrain_after
+        self.top_logprobs = top_logprobs
+        self.choice = choice
+        self.sampled: list[SampledToken] = []
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish_reason = ""
@@ -92,16 +119,28 @@ class Generation:
     def __iter__(self) -> Iterator[str]:
         slot = self.slot
         self.cached_tokens = slot.prefill(self.prompt, self.cancelled)
-        sampler = Sampler(self.sampling, self.prompt)
+        sampler = Sampler(self.sampling, self.prompt, self.choice)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stops = StopScanner(self.stop)
+        constraint = None if self.constrain_after else self.constraint
+        recent = ""  # the end of the text, while the constraint waits for constrain_after
         while True:
-            token = sampler.sample(slot.logits())
+            logits = slot.logits()
+            token = sampler.sample(logits, constraint.allowed() if constraint else None)
             if token in self.end_ids:
                 self.finish_reason = "stop"
                 break
             self.completion_tokens += 1
+            if self.top_logprobs is not None:
+                logprob, top = logprobs(logits, token, self.top_logprobs)
+                self.sampled.append(SampledToken(token, logprob, tuple(top)))
             piece = self.tokenizer.token_text(token).encode() if token in self.shown else self.tokenizer.piece(token)
+            if constraint:
+                constraint.take(token)
+            elif self.constraint:
+                recent = (recent + piece.decode("utf-8", "replace"))[-len(self.constrain_after):]
+                if recent == self.constrain_after:
+                    constraint = self.constraint
             text, stopped = stops.feed(decoder.decode(piece))
             if text:
                 yield text
@@ -109,6 +148,9 @@ class Generation:
                 self.finish_reason = "stop"
                 self.stop_sequence = stops.matched
                 return
+            if constraint and constraint.complete:
+                self.finish_reason = "stop"
+                break
             if self.completion_tokens >= self.max_tokens or len(slot.cached) >= self.context_length:
                 self.finish_reason = "length"
                 break

@@ -32,20 +32,23 @@ REPETITION_WINDOW = 64
 
 
 class Sampler:
-    """Samples one request's tokens; owns that request's RNG."""
+    """Samples one reply's tokens; owns that reply's RNG."""
 
-    def __init__(self, params: SamplingParams, prompt: list[int]) -> None:
+    def __init__(self, params: SamplingParams, prompt: list[int], choice: int = 0) -> None:
         self.params = params
         # Any integer is a seed (OpenAI's API allows negative ones); numpy takes 0 <= seed.
         seed = params.seed % 2**64 if params.seed is not None else secrets.randbits(64)
-        self._rng = np.random.default_rng(seed)
+        # Each choice of one request draws its own numbers; the first draws what a request of one choice would.
+        self._rng = np.random.default_rng(seed if choice == 0 else [seed, choice])
         self._recent = list(prompt[-REPETITION_WINDOW:])
         self._counts: Counter[int] = Counter()
 
-    def sample(self, logits: np.ndarray) -> int:
-        """Pick the next token and remember it for the penalties."""
+    def sample(self, logits: np.ndarray, allowed: Optional[np.ndarray] = None) -> int:
+        """Pick the next token, among the ``allowed`` ones if given, and remember it for the penalties."""
         p = self.params
         logits = logits.astype(np.float64)
+        if allowed is not None:
+            logits[~allowed] = -np.inf
         for token, bias in p.logit_bias:
             logits[token] += bias
         if p.repetition_penalty != 1.0 and self._recent:
@@ -85,3 +88,16 @@ class Sampler:
         """An index drawn with probability proportional to ``weights``."""
         cumulative = np.cumsum(weights, dtype=np.float64)
         return min(int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right")), len(weights) - 1)
+
+
+def logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The model's log probability of ``token``, and the ``top`` most likely tokens with theirs.
+
+    From the model's own distribution: before temperature, penalties, bias and grammar.
+    """
+    shifted = logits.astype(np.float64) - logits.max()
+    log_probs = shifted - np.log(np.exp(shifted).sum())
+    top = min(top, len(log_probs))
+    best = np.argpartition(-log_probs, top - 1)[:top] if top else np.zeros(0, dtype=np.int64)
+    best = best[np.argsort(-log_probs[best], kind="stable")]
+    return float(log_probs[token]), [(int(t), float(log_probs[t])) for t in best]

@@ -124,6 +124,10 @@ class Tokenizer(abc.ABC):
     def token_text(self, token: Optional[int]) -> str:
         """A token's text as the vocabulary spells it (for templates' bos_token and eos_token)."""
 
+    def continuation(self, text: str) -> list[int]:
+        """Token ids of plain ``text`` that continues earlier text (SentencePiece puts no space before it)."""
+        return self.encode(text, specials=False)
+
     def fewest_tokens(self, text: str) -> int:
         """A floor on the tokens ``text`` becomes, found without tokenizing it (which takes seconds for megabytes)."""
         return -(-len(text.encode("utf-8", "surrogatepass")) // self.longest_piece)
@@ -157,13 +161,13 @@ class GGUFTokenizer(Tokenizer):
             model, normalizer, pre_tokenizer, add_bos = self._bpe(gguf_file, tokens, types)
         else:
             raise BadModelFile(f"{gguf_file.path.name}: vocabulary kind {self.kind!r} is not supported (llama and gpt2 are)")
-        self._hf = tokenizers.Tokenizer(model)
-        if normalizer is not None:
-            self._hf.normalizer = normalizer
-        if pre_tokenizer is not None:
-            self._hf.pre_tokenizer = pre_tokenizer
-        user_defined = [tokens[i] for i, kind in enumerate(types) if kind == USER_DEFINED]
-        self._hf.add_tokens([tokenizers.AddedToken(t, normalized=False, special=False) for t in user_defined])
+        user_defined = [tokenizers.AddedToken(tokens[i], normalized=False, special=False)
+                        for i, kind in enumerate(types) if kind == USER_DEFINED]
+        self._hf = self._pipeline(model, normalizer, pre_tokenizer, user_defined)
+        self._hf_continued = self._hf
+        if self.space_prefix:
+            inner = normalizers.Replace(" ", "▁")
+            self._hf_continued = self._pipeline(model, inner, pre_tokenizer, user_defined)
 
         def special(key: str) -> Optional[int]:
             value = get(f"tokenizer.ggml.{key}")
@@ -182,6 +186,16 @@ class GGUFTokenizer(Tokenizer):
         self.end_ids = frozenset(i for i in ends if i is not None)
         self._pieces = [self._piece_bytes(i) for i in range(len(tokens))]
         self.longest_piece = max(4, max((len(t.encode("utf-8", "surrogateescape")) for t in tokens), default=0))
+
+    @staticmethod
+    def _pipeline(model, normalizer, pre_tokenizer, added: list[tokenizers.AddedToken]) -> tokenizers.Tokenizer:
+        pipeline = tokenizers.Tokenizer(model)
+        if normalizer is not None:
+            pipeline.normalizer = normalizer
+        if pre_tokenizer is not None:
+            pipeline.pre_tokenizer = pre_tokenizer
+        pipeline.add_tokens(added)
+        return pipeline
 
     def _spm(self, gguf_file: GGUFFile, tokens: list[str], types: list[int]):
         scores = gguf_file.get("tokenizer.ggml.scores")
@@ -246,6 +260,9 @@ class GGUFTokenizer(Tokenizer):
             text = text.replace(inert, "")
         # encode_batch lets go of the GIL while it works (encode does not): the event loop runs on meanwhile.
         return self._hf.encode_batch([text], add_special_tokens=False)[0].ids if text else []
+
+    def continuation(self, text: str) -> list[int]:
+        return self._hf_continued.encode_batch([text], add_special_tokens=False)[0].ids if text else []
 
     def piece(self, token: int) -> bytes:
         return self._pieces[token]

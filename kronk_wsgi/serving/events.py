@@ -1,7 +1,12 @@
-"""The neutral stream of generation events that every protocol encodes."""
+"""The neutral stream of generation events that every protocol encodes.
+
+A job answers with one or more choices (``index`` numbers them: n replies
+to one prompt, or one per prompt); each ends with ChoiceEnd, and the job with
+Finished. Most protocols have one choice, index 0.
+"""
 
 import dataclasses
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
@@ -21,9 +26,35 @@ class Usage:
 
 @dataclasses.dataclass(frozen=True)
 class TextDelta:
-    """New generated text."""
+    """New generated text of the answer."""
 
     text: str
+    index: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReasoningDelta:
+    """New generated text of the model's thinking, before its answer."""
+
+    text: str
+    index: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's bytes and log probability, with the likeliest tokens at its place."""
+
+    piece: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Logprobs:
+    """Generated tokens with their log probabilities: the tokens of the text that follows (or that ended)."""
+
+    tokens: tuple[TokenLogprob, ...]
+    index: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +64,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+    index: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +81,22 @@ class KeepAlive:
 
 
 @dataclasses.dataclass(frozen=True)
-class Finished:
-    """Generation ended normally: reason is "stop", "length" or "tool_calls".
+class ChoiceEnd:
+    """A choice ended normally: reason is "stop", "length" or "tool_calls".
 
     ``stop_sequence`` is the request's stop sequence that ended it, if one did.
     """
 
     reason: str
-    usage: Usage
     stop_sequence: Optional[str] = None
+    index: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """The job ended normally, every choice with it."""
+
+    usage: Usage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,5 +107,36 @@ class Failed:
     message: str
 
 
-Event = TextDelta | ToolCall | Embedding | KeepAlive | Finished | Failed
+Event = TextDelta | ReasoningDelta | Logprobs | ToolCall | ChoiceEnd | Embedding | KeepAlive | Finished | Failed
 KEEPALIVE = KeepAlive()
+
+
+def coalesce(events: Iterable[Event]) -> list[Event]:
+    """Events with each run of one choice's text and log probabilities merged: the run's Logprobs, then its text."""
+    out: list[Event] = []
+    texts: list[str] = []
+    tokens: list[TokenLogprob] = []
+    index = 0
+
+    def end_run() -> None:
+        if tokens:
+            out.append(Logprobs(tuple(tokens), index))
+        if texts:
+            out.append(TextDelta("".join(texts), index))
+        texts.clear()
+        tokens.clear()
+
+    for event in events:
+        if isinstance(event, (TextDelta, Logprobs)):
+            if event.index != index:
+                end_run()
+                index = event.index
+            if isinstance(event, TextDelta):
+                texts.append(event.text)
+            else:
+                tokens.extend(event.tokens)
+        else:
+            end_run()
+            out.append(event)
+    end_run()
+    return out

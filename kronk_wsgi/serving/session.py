@@ -17,11 +17,16 @@ from ..engine.base import Cancelled, Slot
 from ..metrics import Metrics
 from .channel import ThreadChannel
 from .drain import Drain
-from .events import KEEPALIVE, Embedding, Event, Failed, Finished, TextDelta, ToolCall
+from .events import (
+    KEEPALIVE, ChoiceEnd, Embedding, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, coalesce,
+)
 from .jobs import Job
 from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
 
 log = structlog.get_logger("kronk_wsgi.session")
+
+# What a job produces before its end (Finished, or an exception).
+OUTPUT = (TextDelta, ReasoningDelta, Logprobs, ToolCall, ChoiceEnd, Embedding)
 
 
 @dataclasses.dataclass
@@ -171,30 +176,23 @@ class Session:
                        self.drain.deadline or self.deadline) - now
             items = channel.take_all(max(wait, 0))
             now = time.monotonic()
-            text = []
+            batch: list[Event] = []
             for produced, item in items:
-                if not isinstance(item, (TextDelta, ToolCall, Embedding)):
-                    if text:
-                        yield TextDelta("".join(text))
+                if not isinstance(item, OUTPUT):
+                    yield from coalesce(batch)
                     yield self._finish(item)
                     return
                 if self.stats.time_to_first_token is None:
                     self.stats.time_to_first_token = produced - self.started
                     self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
-                if isinstance(item, TextDelta):
+                if isinstance(item, (TextDelta, ReasoningDelta)):
                     if last_token is not None:
                         itl.observe(produced - last_token)
                     last_token = produced
-                    text.append(item.text)
-                    continue
-                if text:
-                    yield TextDelta("".join(text))
-                    text = []
-                yield item
+                batch.append(item)
+            yield from coalesce(batch)
             if items:
                 quiet_since = now
-            if text:
-                yield TextDelta("".join(text))
             cut = self._cut(now)
             if cut is not None:
                 cancel.set = True

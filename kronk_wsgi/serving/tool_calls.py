@@ -13,6 +13,7 @@ import json
 import uuid
 from typing import Callable, Optional
 
+from ..engine.grammar import lark_grammar, lark_json, lark_string
 from .events import TextDelta, ToolCall
 
 
@@ -33,13 +34,45 @@ def syntax_of(template_source: str) -> ToolCallSyntax:
     return MISTRAL if "[TOOL_CALLS]" in template_source else HERMES
 
 
+def _call_head(name: str) -> str:
+    """A call's text up to its arguments."""
+    return f'{{"name": {json.dumps(name)}, "arguments": '
+
+
 def forced_opening(syntax: ToolCallSyntax, name: Optional[str]) -> str:
     """The start of a reply that must be a tool call (of the function ``name``, if given).
 
     Appended to the prompt, it makes the model continue inside a tool call.
     """
     opening = syntax.open + ("[" if syntax.close is None else "\n")
-    return opening + (f'{{"name": {json.dumps(name)}, "arguments": ' if name else "")
+    return opening + (_call_head(name) if name else "")
+
+
+def forced_call_grammar(
+    syntax: ToolCallSyntax, tools: list[dict], strict_tools: frozenset[str], name: Optional[str],
+    control: dict[str, int],
+) -> str:
+    """A Lark grammar for the rest of a reply that starts with ``forced_opening(syntax, name)``.
+
+    The reply is one call to one of the ``tools`` (to ``name``, if given),
+    closed as the syntax closes it; its arguments are JSON that validates
+    against the tool's parameters schema (keywords the grammar cannot
+    enforce are an error for the ``strict_tools`` and skipped for the others).
+    ``control`` are the model's control tokens: a closing tag that is one is
+    matched as that token.
+    """
+
+    def arguments(tool: dict) -> str:
+        function = tool["function"]
+        return lark_json(function["parameters"], lenient=function["name"] not in strict_tools)
+
+    close = lark_string("}]") if syntax.close is None else lark_string("}\n") + " " + (
+        f"<[{control[syntax.close]}]>" if syntax.close in control else lark_string(syntax.close))
+    if name is not None:
+        tool = next(t for t in tools if t["function"]["name"] == name)
+        return lark_grammar(f"start: {arguments(tool)} {close}\n")
+    calls = " | ".join(f"{lark_string(_call_head(t['function']['name']))} {arguments(t)}" for t in tools)
+    return lark_grammar(f"start: ({calls}) {close}\n")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """An engine that says what a test tells it to: the real engine, with sampling steered to a script.
 
 At each prompt the slot reads the file named by KRONK_TEST_SCRIPT_FILE and
-forces its bytes' tokens one by one (every other logit is -inf), then EOS.
+forces its bytes one by one, then EOS: only the tokens of the next byte keep
+their logits (a byte may have two tokens: its byte token and a plain one; a
+grammar may allow only one of them).
 Tokenizing, prefill, decoding and detokenizing stay the real engine's. Used
 to make the model write tool calls, which a random tiny model never does.
 """
@@ -22,16 +24,18 @@ class ScriptedSlot(CTransformersSlot):
         self._script = self._tokens(Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text())
         return super().prefill(tokens, cancelled, chunk)
 
-    def _tokens(self, text: str) -> list[int]:
-        """The script as one token per byte (the vocabulary has all 256), then EOS."""
-        by_bytes = {self.tokenizer.piece(t): t for t in reversed(range(self._n_vocab))}
-        return [by_bytes[bytes([b])] for b in text.encode()] + [self.tokenizer.eos_id]
+    def _tokens(self, text: str) -> list[list[int]]:
+        """The script as the tokens of each byte (the vocabulary has all 256), then EOS."""
+        by_bytes: dict[bytes, list[int]] = {}
+        for t in range(self._n_vocab):
+            by_bytes.setdefault(self.tokenizer.piece(t), []).append(t)
+        return [by_bytes[bytes([b])] for b in text.encode()] + [[self.tokenizer.eos_id]]
 
     def logits(self) -> np.ndarray:
         real = super().logits()
         step = min(len(self.cached) - self._start, len(self._script) - 1)
         forced = np.full_like(real, -np.inf)
-        forced[self._script[step]] = 0.0
+        forced[self._script[step]] = real[self._script[step]]
         return forced
 
 

@@ -1,0 +1,114 @@
+"""Constrained decoding: which tokens may come next so the text stays inside a grammar.
+
+llguidance does the work: it compiles JSON Schema or Lark grammars and, at
+each step, gives the set of tokens that keep the text a possible prefix of the
+grammar, for the model's own tokenizer (wrapped once per model). A grammar is
+compiled once per request, before the commit, so a schema it cannot take is a
+400; each reply then walks a copy of it.
+"""
+
+import functools
+import json
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from .tokenizer import Tokenizer
+
+# How the JSON is written: compact, with the spaces json.dumps puts (what models have seen most).
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """A grammar or schema the constraint engine cannot take."""
+
+
+class _Vocabulary:
+    """The model's tokenizer as llguidance reads it: every token's bytes, control tokens marked with 0xFF."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_id
+        self.bos_token_id = tokenizer.bos_id
+        self.special_token_ids = sorted(tokenizer.control.values())
+        control = set(self.special_token_ids)
+        self.tokens = [
+            b"\xff" + tokenizer.token_text(i).encode("utf-8", "surrogateescape") if i in control else tokenizer.piece(i)
+            for i in range(tokenizer.vocab_size)
+        ]
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # llguidance then hands over text instead of bytes
+            raise TypeError("text only")
+        return self._tokenizer.continuation(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _ll_tokenizer(tokenizer: Tokenizer, end_ids: frozenset[int]) -> llguidance.LLTokenizer:
+    """The llguidance tokenizer for a model's tokenizer and end tokens (0.1-1 s to build, so built once)."""
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer)), eos_token=sorted(end_ids))
+
+
+def json_schema_grammar(schema: dict[str, Any], lenient: bool = False) -> str:
+    """A grammar for JSON that validates against ``schema``; ``lenient`` skips keywords it cannot enforce."""
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={**JSON_STYLE, "lenient": lenient})
+
+
+def lark_json(schema: dict[str, Any], lenient: bool = False) -> str:
+    """A Lark expression for JSON valid against ``schema``, to use inside a larger Lark grammar."""
+    options = {**JSON_STYLE, "lenient": lenient}
+    return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
+
+
+def lark_grammar(lark: str) -> str:
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def lark_string(text: str) -> str:
+    """``text`` as a Lark string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+class Grammar:
+    """A compiled grammar for one model; ``constraint()`` starts a reply inside it.
+
+    The reply may end (with one of ``end_ids``) where the grammar is matched in full.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, end_ids: frozenset[int], grammar: str) -> None:
+        self._ll_tokenizer = _ll_tokenizer(tokenizer, end_ids)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._ll_tokenizer)
+        if failed:
+            raise GrammarError(messages[0])
+        self._matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        if self._matcher.is_error():
+            raise GrammarError(self._matcher.get_error())
+        self.vocab_size = tokenizer.vocab_size
+
+    def constraint(self) -> "Constraint":
+        return Constraint(self._matcher.deep_copy(), self.vocab_size)
+
+
+class Constraint:
+    """One reply's walk through a grammar: the tokens allowed next, and the tokens taken."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._mask = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+
+    def allowed(self) -> np.ndarray:
+        """A boolean array over the vocabulary: the tokens that keep the text inside the grammar."""
+        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        return np.unpackbits(self._mask.view(np.uint8), bitorder="little")[: self._vocab_size].astype(bool)
+
+    def take(self, token: int) -> None:
+        """Move past ``token`` (one of the allowed ones)."""
+        if not self._matcher.consume_token(token):
+            raise GrammarError(self._matcher.get_error())
+
+    @property
+    def complete(self) -> bool:
+        """Nothing may follow: the grammar is matched in full."""
+        return self._matcher.is_stopped()

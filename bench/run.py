@@ -3,6 +3,7 @@
     python bench/run.py [--tokens 400] [--size medium]
     python bench/run.py --model smollm2 [--tokens 200]
     python bench/run.py --storm
+    python bench/run.py --grammar [--tokens 200]
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -12,6 +13,8 @@ to readiness, first with an empty cache (the prepared copy is written) and then
 with the copy reused. ``--storm`` sends eight maximal request bodies at once
 (tests/support/storm.py) while one stream runs on the tiny model and
 /v1/liveness is polled: the liveness p99 and the largest gap in the stream.
+``--grammar`` decodes on SmolLM2 (engine alone, one thread) without and with a
+JSON Schema constraint, and times the constraint's own work per token.
 """
 
 import argparse
@@ -32,6 +35,7 @@ from kronk_wsgi.engine.chat_template import ChatTemplate  # noqa: E402
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine  # noqa: E402
 from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import Generation  # noqa: E402
+from kronk_wsgi.engine.grammar import Constraint, Grammar, json_schema_grammar  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
 from tests.conftest import fetch_smollm2, run_server  # noqa: E402
 from tests.support.storm import storm  # noqa: E402
@@ -183,6 +187,70 @@ def real_model(tokens: int) -> list[tuple[str, str]]:
     ]
 
 
+class TimedConstraint(Constraint):
+    """A constraint that adds up the time its own work takes."""
+
+    seconds = 0.0
+
+    def allowed(self):
+        started = time.perf_counter()
+        try:
+            return super().allowed()
+        finally:
+            TimedConstraint.seconds += time.perf_counter() - started
+
+    def take(self, token):
+        started = time.perf_counter()
+        try:
+            super().take(token)
+        finally:
+            TimedConstraint.seconds += time.perf_counter() - started
+
+
+def grammar_cost(tokens: int) -> list[tuple[str, str]]:
+    """SmolLM2 decoding without and with a JSON Schema constraint: the constraint's cost per token."""
+    path = fetch_smollm2()
+    os.environ["XDG_CACHE_HOME"] = str(ROOT / "bench" / "results" / "smollm2" / "cache")
+    engine = CTransformersEngine("bench", path)
+    tokenizer = engine.tokenizer
+    template = ChatTemplate.for_model(None, engine.chat_template, "", "", tokenizer.control)
+    text, inert = template.render([{"role": "user", "content": "List the cities of Europe with their countries as JSON."}])
+    prompt = tokenizer.prompt(text, True, inert)
+    # Never complete within the run: the constrained reply is as long as the free one.
+    schema = {"type": "array", "minItems": 10000, "items": {
+        "type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+        "required": ["city", "country"], "additionalProperties": False}}
+    grammar = Grammar(tokenizer, tokenizer.end_ids, json_schema_grammar(schema))
+    no_end = tuple((t, -100.0) for t in tokenizer.end_ids)
+
+    def rate(constraint) -> tuple[float, str]:
+        generation = Generation(
+            engine.new_slot(1), prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
+            context_length=engine.context_length, sampling=SamplingParams(seed=1, logit_bias=no_end),
+            constraint=constraint,
+        )
+        out, first = [], None
+        for piece in generation:
+            first = first or time.perf_counter()
+            out.append(piece)
+        return (generation.completion_tokens - 1) / (time.perf_counter() - first), "".join(out)
+
+    free, _ = rate(None)
+    TimedConstraint.seconds = 0.0
+    timed = grammar.constraint()
+    timed.__class__ = TimedConstraint
+    constrained, sample = rate(timed)
+    per_token = TimedConstraint.seconds / tokens
+    print(f"model {path.name}, {tokens} tokens, constrained reply starts: {sample[:80]!r}")
+    return [
+        ("engine alone, free, tokens/s (1 thread)", f"{free:.1f}"),
+        ("engine alone, JSON Schema constraint, tokens/s", f"{constrained:.1f}"),
+        ("constrained / free rate", f"{constrained / free:.3f}"),
+        ("constraint work per token (mask + advance), ms", f"{1000 * per_token:.2f}"),
+        ("constraint work / free token time (goal < 0.10)", f"{per_token * free:.3f}"),
+    ]
+
+
 def body_storm() -> list[tuple[str, str]]:
     """Eight maximal bodies against one worker (default limits) while a slow stream runs."""
     path = ensure_demo_model("tiny")
@@ -214,9 +282,13 @@ def main() -> None:
     parser.add_argument("--size", default="medium", choices=["tiny", "medium"])
     parser.add_argument("--model", default="demo", choices=["demo", "smollm2"])
     parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
+    parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     args = parser.parse_args()
     if args.storm:
         print_rows(body_storm())
+        return
+    if args.grammar:
+        print_rows(grammar_cost(args.tokens))
         return
     if args.model == "smollm2":
         print_rows(real_model(args.tokens))

@@ -22,7 +22,7 @@ from ..serving.jobs import EmbeddingJob, GenerationJob, Job
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded
 from ..serving.reasoning import opens_thinking, reasoning_of
 from ..serving.session import Session
-from ..serving.tool_calls import ToolCallRules, forced_call_grammar, forced_opening, syntax_of
+from ..serving.tool_calls import ToolCallRules, call_grammar, forced_opening, syntax_of
 from .errors import ApiError, invalid, model_not_found
 from .state import record, state
 
@@ -116,8 +116,9 @@ def start_generation(
     With ``tools``, tool calls are parsed out of the reply unless
     ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
     reply inside a tool call whose arguments are constrained to the tool's
-    schema, and ``one_tool_call`` ends it after the first. A call is taken
-    only if it names one of the tools and, for the ``strict_tools``, its
+    schema, and ``one_tool_call`` ends it after the first. With strict tools
+    and "auto", a call the model opens is constrained the same way. A call is
+    taken only if it names one of the tools and, for the ``strict_tools``, its
     arguments validate against the tool's schema. A ``reply_format`` constrains
     the reply to JSON; ``top_logprobs`` reports log probabilities.
     """
@@ -135,21 +136,26 @@ def start_generation(
     def job(model: LoadedModel) -> GenerationJob:
         params = sampling(model)
         tokenizer = model.engine.tokenizer
-        rules, reply_start, grammar_text, reasoning, inside_thinking = None, "", None, None, False
+        rules, reply_start, grammar_text, grammar_after, reasoning, inside_thinking = None, "", None, "", None, False
         if messages is not None:
             rendered = render_chat(model, messages, tools, thinking)
             reasoning = reasoning_of(model.template.source)
             inside_thinking = reasoning is not None and opens_thinking(rendered.text, reasoning)
             if tools and tool_choice != "none":
-                rules = ToolCallRules(syntax_of(model.template.source), accept)
+                syntax = syntax_of(model.template.source)
+                rules = ToolCallRules(syntax, accept)
                 if tool_choice == "required" or tool_name is not None:
-                    reply_start = forced_opening(rules.syntax, tool_name)
-                    grammar_text = forced_call_grammar(rules.syntax, tools, strict_tools, tool_name, tokenizer.control)
+                    reply_start = forced_opening(syntax, tool_name)
+                    grammar_text = call_grammar(syntax, tools, strict_tools, tokenizer.control, tool_name)
+                elif strict_tools:  # the model may answer or call: a call it opens follows the schemas
+                    grammar_text = call_grammar(syntax, tools, strict_tools, tokenizer.control, forced=False)
+                    grammar_after = syntax.open
             texts: Sequence[Union[str, list[int], RenderedPrompt]] = [rendered]
         else:
             texts = prompts
         if reply_format is not None:
             grammar_text = json_schema_grammar(reply_format.schema, lenient=not reply_format.strict)
+            grammar_after = reasoning.close if inside_thinking else ""  # the answer follows the thinking
         after_prompt = reply_start
         if inside_thinking and reply_start:  # a forced call comes after the thinking: it is left empty
             after_prompt = reasoning.close + "\n\n" + reply_start
@@ -168,7 +174,8 @@ def start_generation(
             token_lists, n=n, tokenizer=tokenizer, end_ids=model.end_ids,
             max_tokens=max_tokens or context - max(map(len, token_lists)), sampling=params, stop=stop,
             tool_rules=rules, reply_start=reply_start, one_tool_call=one_tool_call,
-            reasoning=reasoning, inside_thinking=inside_thinking, grammar=grammar, top_logprobs=top_logprobs,
+            reasoning=reasoning, inside_thinking=inside_thinking, grammar=grammar, grammar_after=grammar_after,
+            top_logprobs=top_logprobs,
         )
 
     return _start(model_id, job)

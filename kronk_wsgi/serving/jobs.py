@@ -42,7 +42,8 @@ class GenerationJob:
     text at the end of the prompt that belongs to the reply (the opening of a
     forced tool call): the tool-call parser reads it first. With
     ``one_tool_call`` a reply ends at its first tool call. A ``grammar``
-    constrains every reply's answer (after the thinking); ``top_logprobs`` (0 or more) reports each
+    constrains every reply, from where its text reaches ``grammar_after`` if
+    that is given (the end of the thinking, a tool call's opening tag); ``top_logprobs`` (0 or more) reports each
     generated token's log probability.
     """
 
@@ -62,6 +63,7 @@ class GenerationJob:
         reasoning: Optional[ReasoningSyntax] = None,
         inside_thinking: bool = False,
         grammar: Optional[Grammar] = None,
+        grammar_after: str = "",
         top_logprobs: Optional[int] = None,
     ) -> None:
         self.prompts = prompts
@@ -78,6 +80,7 @@ class GenerationJob:
         self.reasoning = reasoning
         self.inside_thinking = inside_thinking
         self.grammar = grammar
+        self.grammar_after = grammar_after
         self.top_logprobs = top_logprobs
         self._generations: list[Generation] = []
 
@@ -93,7 +96,7 @@ class GenerationJob:
                 slot, prompt, tokenizer=self.tokenizer, end_ids=self.end_ids, shown=self._shown(),
                 max_tokens=self.max_tokens, context_length=context_length, sampling=self.sampling,
                 stop=self.stop, cancelled=cancelled, constraint=self.grammar.constraint() if self.grammar else None,
-                constrain_after=self.reasoning.close if self.reasoning and self.inside_thinking else "",
+                constrain_after=self.grammar_after,
                 top_logprobs=self.top_logprobs, choice=choice,
             )
             self._generations.append(generation)

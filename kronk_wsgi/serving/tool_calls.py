@@ -48,31 +48,40 @@ def forced_opening(syntax: ToolCallSyntax, name: Optional[str]) -> str:
     return opening + (_call_head(name) if name else "")
 
 
-def forced_call_grammar(
-    syntax: ToolCallSyntax, tools: list[dict], strict_tools: frozenset[str], name: Optional[str],
-    control: dict[str, int],
+def call_grammar(
+    syntax: ToolCallSyntax, tools: list[dict], strict_tools: frozenset[str], control: dict[str, int],
+    name: Optional[str] = None, forced: bool = True,
 ) -> str:
-    """A Lark grammar for the rest of a reply that starts with ``forced_opening(syntax, name)``.
+    """A Lark grammar for tool calls whose arguments follow the tools' schemas.
 
-    The reply is one call to one of the ``tools`` (to ``name``, if given),
-    closed as the syntax closes it; its arguments are JSON that validates
-    against the tool's parameters schema (keywords the grammar cannot
-    enforce are an error for the ``strict_tools`` and skipped for the others).
-    ``control`` are the model's control tokens: a closing tag that is one is
+    ``forced``: for the rest of a reply that starts with ``forced_opening(syntax,
+    name)``, one call to one of the ``tools`` (to ``name``, if given). Not
+    ``forced``: for the text after the model opened a call itself (wrote the
+    opening tag), that call and any more that follow it. Keywords the grammar
+    cannot enforce are an error for the ``strict_tools`` and skipped for the
+    others. ``control`` are the model's control tokens: a tag that is one is
     matched as that token.
     """
+
+    def tag(text: str) -> str:
+        return f"<[{control[text]}]>" if text in control else lark_string(text)
 
     def arguments(tool: dict) -> str:
         function = tool["function"]
         return lark_json(function["parameters"], lenient=function["name"] not in strict_tools)
 
-    close = lark_string("}]") if syntax.close is None else lark_string("}\n") + " " + (
-        f"<[{control[syntax.close]}]>" if syntax.close in control else lark_string(syntax.close))
-    if name is not None:
-        tool = next(t for t in tools if t["function"]["name"] == name)
-        return lark_grammar(f"start: {arguments(tool)} {close}\n")
-    calls = " | ".join(f"{lark_string(_call_head(t['function']['name']))} {arguments(t)}" for t in tools)
-    return lark_grammar(f"start: ({calls}) {close}\n")
+    if forced and name is not None:  # the opening ends with the call's head
+        body = arguments(next(t for t in tools if t["function"]["name"] == name))
+    else:
+        body = "(" + " | ".join(f"{lark_string(_call_head(t['function']['name']))} {arguments(t)}" for t in tools) + ")"
+    if syntax.close is None:  # [TOOL_CALLS][{call}, {call}]
+        if forced:
+            return lark_grammar(f'start: {body} "}}]"\n')
+        return lark_grammar(f'start: "[" {body} "}}" ("," " "? {body} "}}")* "]"\n')
+    close = f'"}}\\n" {tag(syntax.close)}'
+    if forced:
+        return lark_grammar(f"start: {body} {close}\n")
+    return lark_grammar(f'start: "\\n"? {body} {close} ("\\n" {tag(syntax.open)} "\\n"? {body} {close})*\n')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,8 @@
 At each prompt the slot reads the file named by KRONK_TEST_SCRIPT_FILE and
 forces its bytes one by one, then EOS: only the tokens of the next byte keep
 their logits (a byte may have two tokens: its byte token and a plain one; a
-grammar may allow only one of them).
+grammar may allow only one of them). A script that ends with FREE leaves the
+model free after its text: the real logits follow.
 Tokenizing, prefill, decoding and detokenizing stay the real engine's. Used
 to make the model write tool calls, which a random tiny model never does.
 """
@@ -15,25 +16,32 @@ import numpy as np
 
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine, CTransformersSlot
 
+FREE = "<<free>>"
+
 
 class ScriptedSlot(CTransformersSlot):
     tokenizer = None  # set by ScriptedEngine
 
     def prefill(self, tokens, cancelled=lambda: False, chunk=32):
         self._start = len(tokens)
-        self._script = self._tokens(Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text())
+        script = Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text()
+        self._free = script.endswith(FREE)
+        self._script = self._tokens(script.removesuffix(FREE))
         return super().prefill(tokens, cancelled, chunk)
 
     def _tokens(self, text: str) -> list[list[int]]:
-        """The script as the tokens of each byte (the vocabulary has all 256), then EOS."""
+        """The script as the tokens of each byte (the vocabulary has all 256), then EOS unless free."""
         by_bytes: dict[bytes, list[int]] = {}
         for t in range(self._n_vocab):
             by_bytes.setdefault(self.tokenizer.piece(t), []).append(t)
-        return [by_bytes[bytes([b])] for b in text.encode()] + [[self.tokenizer.eos_id]]
+        return [by_bytes[bytes([b])] for b in text.encode()] + ([] if self._free else [[self.tokenizer.eos_id]])
 
     def logits(self) -> np.ndarray:
         real = super().logits()
-        step = min(len(self.cached) - self._start, len(self._script) - 1)
+        step = len(self.cached) - self._start
+        if self._free and step >= len(self._script):
+            return real
+        step = min(step, len(self._script) - 1)
         forced = np.full_like(real, -np.inf)
         forced[self._script[step]] = real[self._script[step]]
         return forced

@@ -109,6 +109,19 @@ def test_logprobs_belong_to_the_sampled_tokens(client):
     assert [(t.token, t.logprob) for t in listed] == [(t.token, t.logprob) for t in tokens]
 
 
+def test_responses_logprobs_of_the_output_text(client):
+    common = dict(model="tiny", input="hi", temperature=0, max_output_tokens=10, top_logprobs=2,
+                  include=["message.output_text.logprobs"])
+    response = client.responses.create(**common)
+    part = response.output[0].content[0]
+    assert "".join(t.token for t in part.logprobs) == part.text and len(part.logprobs) == 10
+    assert all(t.top_logprobs[0].logprob == t.logprob and len(t.top_logprobs) == 2 for t in part.logprobs)
+    events = list(client.responses.create(**common, stream=True))
+    streamed = [t for e in events if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in part.logprobs]
+    assert events[-1].response.output[0].content[0].logprobs == part.logprobs
+
+
 def test_completions_logprobs_in_the_legacy_shape(client):
     reply = client.completions.create(model="tiny", prompt="hello", temperature=0, max_tokens=6, logprobs=2)
     listed = reply.choices[0].logprobs

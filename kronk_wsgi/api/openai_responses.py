@@ -10,9 +10,12 @@ from flask import Blueprint, jsonify
 from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
-from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
+from ..serving.events import (
+    ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
+)
 from .errors import ApiError
 from .generation import JSON_OBJECT, ReplyFormat, start_generation
+from .openai_chat import logprob_content
 from .response import Encoder, respond
 from .schemas import (
     FunctionName, SchemaName, ServiceTier, Strict, json_object, parse_body, template_role, template_tool, template_tool_call,
@@ -155,6 +158,8 @@ class ResponsesRequest(Strict):
     text: Optional[TextConfig] = None
     truncation: Optional[Literal["disabled"]] = None
     user: Optional[str] = None
+    include: Optional[list[Literal["message.output_text.logprobs"]]] = None
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ResponsesRequest":
@@ -195,6 +200,12 @@ class ResponsesRequest(Strict):
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p)
 
+    def logprobs_asked(self) -> Optional[int]:
+        """How many likeliest tokens to list with each output text token; None: no log probabilities."""
+        if self.top_logprobs is None and "message.output_text.logprobs" not in (self.include or ()):
+            return None
+        return self.top_logprobs or 0
+
 
 def _usage(usage: Usage) -> dict:
     return {
@@ -204,8 +215,9 @@ def _usage(usage: Usage) -> dict:
     }
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict:
-    content = [] if status == "in_progress" else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+def _message_item(item_id: str, text: str, status: str, logprobs: Optional[list[dict]] = None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+    content = [] if status == "in_progress" else [part]
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
@@ -260,6 +272,7 @@ def responses():
         tool_name=None if choice is None or isinstance(choice, str) else choice.name,
         one_tool_call=body.parallel_tool_calls is False,
         reply_format=body.text.reply_format() if body.text else None,
+        top_logprobs=body.logprobs_asked(),
         max_tokens=body.max_output_tokens,
         max_tokens_param="max_output_tokens",
         sampling=lambda model: body.sampling(),
@@ -277,6 +290,7 @@ def responses():
                  if body.text and body.text.format else {"type": "text"}},
         "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else choice or "auto",
         "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p, "truncation": "disabled",
+        "top_logprobs": body.top_logprobs,
         "usage": None, "user": body.user, "metadata": body.metadata or {},
     }
 
@@ -335,6 +349,9 @@ class ResponsesEncoder(Encoder):
         self.texts: list[str] = []
         self.reasoning_id: Optional[str] = None  # the reasoning item being written, if any
         self.thoughts: list[str] = []
+        # Log probabilities, of output text only: of tokens whose text comes next, and of the message so far.
+        self.pending: list[TokenLogprob] = []
+        self.listed: list[dict] = []
         self.end = ChoiceEnd("stop")
 
     def _event(self, kind: str, **fields: Any) -> str:
@@ -376,23 +393,32 @@ class ResponsesEncoder(Encoder):
             yield self._event("response.content_part.added", item_id=self.message_id, **where,
                               part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
         self.texts.append(event.text)
-        yield self._event("response.output_text.delta", item_id=self.message_id, **where, delta=event.text, logprobs=[])
+        listed = logprob_content(self.pending)
+        self.pending = []
+        self.listed += listed
+        yield self._event("response.output_text.delta", item_id=self.message_id, **where, delta=event.text,
+                          logprobs=listed)
+
+    def logprobs(self, event: Logprobs) -> Iterator[str]:
+        self.pending.extend(event.tokens)
+        return iter(())
 
     def _close_message(self, status: str) -> Iterator[str]:
         if self.message_id is None:
             return
         text, item_id = "".join(self.texts), self.message_id
         where = {"item_id": item_id, "output_index": len(self.output), "content_index": 0}
-        item = _message_item(item_id, text, status)
-        yield self._event("response.output_text.done", **where, text=text, logprobs=[])
+        item = _message_item(item_id, text, status, self.listed)
+        yield self._event("response.output_text.done", **where, text=text, logprobs=self.listed)
         yield self._event("response.content_part.done", **where, part=item["content"][0])
         yield self._event("response.output_item.done", output_index=len(self.output), item=item)
         self.output.append(item)
-        self.message_id, self.texts = None, []
+        self.message_id, self.texts, self.listed, self.pending = None, [], [], []
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         yield from self._close_reasoning()
         yield from self._close_message("completed")
+        self.pending = []  # the call's own tokens: only output text lists its tokens
         index, item_id = len(self.output), "fc_" + event.id
         yield self._event("response.output_item.added", output_index=index, item=_call_item(event, "", "in_progress"))
         yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
@@ -422,15 +448,18 @@ class ResponsesEncoder(Encoder):
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
         end = next(e for e in output if isinstance(e, ChoiceEnd))
-        answer = [e for e in output if not isinstance(e, (ChoiceEnd, ReasoningDelta))]
+        answer = [e for e in output if isinstance(e, (TextDelta, ToolCall))]
         thinking = "".join(e.text for e in output if isinstance(e, ReasoningDelta))
         items = [_reasoning_item(_new_id("rs_"), thinking, "completed")] if thinking else []
+        listed = {id(text): logprob_content(tokens.tokens) for tokens, text in zip(output, output[1:])
+                  if isinstance(tokens, Logprobs) and isinstance(text, TextDelta)}
         for position, event in enumerate(answer):
             if isinstance(event, ToolCall):
                 items.append(_call_item(event, event.arguments, "completed"))
             else:
                 cut_short = position == len(answer) - 1 and end.reason == "length"
-                items.append(_message_item(_new_id("msg_"), event.text, "incomplete" if cut_short else "completed"))
+                status = "incomplete" if cut_short else "completed"
+                items.append(_message_item(_new_id("msg_"), event.text, status, listed.get(id(event))))
         final = _final(self.base, items, end, finished)
         if self.keep:
             self.keep(final)

@@ -11,7 +11,7 @@ from .config import ModelSpec
 from .engine.base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError
 from .engine.ctransformers_engine import CTransformersEngine
 from .engine.ctransformers_files import check
-from .engine.demo_model import ensure_demo_model
+from .engine.demo_model import demo_model_path, ensure_demo_model
 from .engine.gguf_file import BadModelFile, read_gguf
 from .engine.tokenizer import GGUFTokenizer
 
@@ -23,17 +23,29 @@ def model_file(spec: ModelSpec) -> Path:
     if spec.demo is not None:
         return ensure_demo_model(spec.demo)
     if spec.repo_id is not None:
-        import huggingface_hub
+        from . import hub
 
         try:
             # Honours HF_HUB_OFFLINE and HF_HOME: offline, only the local cache is read.
-            return Path(huggingface_hub.hf_hub_download(spec.repo_id, spec.filename, revision=spec.revision))
-        except Exception as exc:  # the hub raises many types: offline, missing, auth
-            raise EngineError(f"cannot get {spec.filename} from {spec.repo_id}: {exc}") from None
+            return hub.pull(spec.repo_id, spec.filename or spec.quant, spec.revision, progress=lambda done, total: None)
+        except hub.HubError as exc:
+            raise EngineError(str(exc)) from None
     path = Path(spec.path).expanduser()
     if not path.is_file():
         raise EngineError(f"model file not found: {path}")
     return path
+
+
+def local_file(spec: ModelSpec) -> Optional[Path]:
+    """The model's file if it is on this machine already (nothing is downloaded or generated); None if not."""
+    if spec.repo_id is not None:
+        from . import hub
+
+        return hub.cached_path(spec.repo_id, spec.filename or spec.quant)
+    if spec.demo is not None:
+        path = demo_model_path(spec.demo)
+        return path if path.is_file() else None
+    return Path(spec.path).expanduser()
 
 
 def engine_class(name: str) -> type:
@@ -108,6 +120,18 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
         verdict = "cannot run it: " + "; ".join(result.problems)
     rows.append(("engine", f"ctransformers {verdict}"))
     return rows
+
+
+def summary(path: Path) -> dict[str, str]:
+    """A model file in one line's worth: architecture, quantization, trained context, which engine runs it."""
+    try:
+        model = read_gguf(path)
+    except (OSError, BadModelFile) as exc:
+        return {"architecture": "-", "quantization": "-", "context": "-", "engine": f"unreadable: {exc}"}
+    result = check(model)
+    engine = ("ctransformers" + (" (prepared copy)" if result.fixes else "")) if result.runs else "none: " + "; ".join(result.problems)
+    return {"architecture": model.architecture, "quantization": _file_type_name(model.get("general.file_type")),
+            "context": str(model.context_length or "-"), "engine": engine}
 
 
 def _token(tokenizer: GGUFTokenizer, token: Optional[int]) -> str:

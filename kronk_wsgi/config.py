@@ -27,8 +27,9 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: Optional[str] = None  # a local model file
-    repo_id: Optional[str] = None  # or a file in a Hugging Face hub repository
-    filename: Optional[str] = None
+    repo_id: Optional[str] = None  # or a GGUF file in a Hugging Face hub repository,
+    filename: Optional[str] = None  # named by its file name,
+    quant: Optional[str] = None  # or by its quantization (Q4_K_M, ...), or neither if the repository has one
     revision: Optional[str] = None
     demo: Optional[str] = None  # or a generated demo model of this size ("tiny", "medium")
     context_length: Optional[int] = Field(None, ge=16)  # default: the file's own
@@ -36,13 +37,21 @@ class ModelSpec(BaseModel):
     chat_template: Optional[str] = None  # a built-in name or Jinja text; default: the file's
     engine: str = "ctransformers"  # or "package.module:EngineClass"
 
+    def describe(self) -> str:
+        """Where the model comes from, in a few words."""
+        if self.repo_id is not None:
+            return " ".join(filter(None, (self.repo_id, self.filename or self.quant, self.revision and f"@{self.revision}")))
+        return self.path if self.path is not None else f"demo model ({self.demo})"
+
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
         sources = [self.path is not None, self.repo_id is not None, self.demo is not None]
         if sum(sources) != 1:
             raise ValueError("give exactly one of path, repo_id (+ filename) or demo")
-        if self.repo_id is not None and not self.filename:
-            raise ValueError("repo_id needs a filename")
+        if (self.filename is not None or self.quant is not None or self.revision is not None) and self.repo_id is None:
+            raise ValueError("filename, quant and revision belong with a repo_id")
+        if self.filename is not None and self.quant is not None:
+            raise ValueError("give filename or quant, not both")
         return self
 
 

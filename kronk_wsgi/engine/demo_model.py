@@ -141,14 +141,19 @@ def write_demo_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
     return path
 
 
+def demo_model_path(size: str = "tiny", seed: int = 0) -> Path:
+    """Where the demo model of this size is kept."""
+    return cache_dir() / f"kronk-demo-{size}-s{seed}.gguf"
+
+
 def ensure_demo_model(size: str = "tiny", seed: int = 0) -> Path:
     """Return the cached demo model file, writing it first if it is missing.
 
     Written to a temporary file and renamed, so concurrent workers never see
     a half-written model.
     """
-    directory = cache_dir()
-    path = directory / f"kronk-demo-{size}-s{seed}.gguf"
+    path = demo_model_path(size, seed)
+    directory = path.parent
     if path.is_file():
         return path
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,166 @@
+"""Model files from the Hugging Face hub: pull into the hub's cache, list what is cached, remove.
+
+huggingface-hub does the hub's work: the download protocol, HF_TOKEN,
+HF_ENDPOINT, HF_HUB_OFFLINE, the cache layout, progress bars, and resuming
+a download its connection dropped. What kronk_wsgi adds: a file named by its
+quantization, and a SHA-256 check of every pulled file against the hub's
+(the cache names a large file's blob by its SHA-256; a file that does not
+match is removed).
+"""
+
+import dataclasses
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Callable, Optional
+
+import huggingface_hub
+from huggingface_hub import constants
+from huggingface_hub.utils import tqdm as hub_tqdm
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class HubError(RuntimeError):
+    """A pull, lookup or removal that cannot be done; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedFile:
+    """A GGUF file in the hub's cache."""
+
+    repo_id: str
+    filename: str
+    revision: str  # the commit it belongs to
+    path: Path  # the snapshot's path to it
+    size: int
+
+
+def offline() -> bool:
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def _matches(filename: str, quant: str) -> bool:
+    """Whether a file name carries the quantization ``quant`` (Q4_K_M, q8_0, ...) as a word of its own."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9])", Path(filename).stem, re.IGNORECASE) is not None
+
+
+def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optional[str] = None) -> str:
+    """The GGUF file of ``repo_id`` that ``file_or_quant`` names: a file name, a quantization, or none if only one.
+
+    Offline, the files of the repository that are in the cache are looked at.
+    """
+    if file_or_quant and file_or_quant.endswith(".gguf"):
+        return file_or_quant
+    if offline():
+        names = sorted({f.filename for f in cached_files() if f.repo_id == repo_id})
+    else:
+        try:
+            names = sorted(huggingface_hub.list_repo_files(repo_id, revision=revision))
+        except Exception as exc:  # the hub raises many types: missing repository, auth, network
+            raise HubError(f"cannot list the files of {repo_id}: {exc}") from None
+    ggufs = [n for n in names if n.endswith(".gguf")]
+    chosen = [n for n in ggufs if file_or_quant is None or _matches(n, file_or_quant)]
+    if len(chosen) == 1:
+        return chosen[0]
+    what = f"quantization {file_or_quant!r}" if file_or_quant else "a file name or quantization"
+    if not chosen:
+        listing = ", ".join(ggufs) or "none"
+        raise HubError(f"no GGUF file of {repo_id} matches {what}; its GGUF files: {listing}")
+    raise HubError(f"several GGUF files of {repo_id} match: {', '.join(chosen)}; give {what} that names one")
+
+
+def pull(
+    repo_id: str, file_or_quant: Optional[str] = None, revision: Optional[str] = None,
+    progress: Optional[Callable[[int, Optional[int]], None]] = None,
+) -> Path:
+    """Download a GGUF file into the hub's cache (or find it there) and check its SHA-256; its path.
+
+    ``progress(done, total)`` is called as bytes arrive; without it,
+    huggingface-hub's progress bar is shown.
+    """
+    filename = resolve(repo_id, file_or_quant, revision)
+    tqdm_class = None if progress is None else _reporting(progress)
+    try:
+        path = Path(huggingface_hub.hf_hub_download(repo_id, filename, revision=revision, tqdm_class=tqdm_class))
+    except Exception as exc:  # the hub raises many types: offline, missing, auth, network
+        raise HubError(f"cannot get {filename} from {repo_id}: {exc}") from None
+    verify(path)
+    return path
+
+
+def verify(path: Path) -> None:
+    """Check a cached file against the SHA-256 its blob is named by; a file that fails is removed.
+
+    Small files kept in git are named by their git hash instead: they are not checked.
+    """
+    blob = path.resolve()
+    if not SHA256.fullmatch(blob.name):
+        return
+    digest = hashlib.sha256()
+    with open(blob, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != blob.name:
+        path.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
+        raise HubError(f"{path.name}: its SHA-256 is {digest.hexdigest()}, the hub's is {blob.name}; "
+                       "the download was corrupted and is removed: pull it again")
+
+
+def _reporting(progress: Callable[[int, Optional[int]], None]) -> type:
+    """A progress bar class that hands each update to ``progress`` instead of drawing."""
+
+    class Reporting(hub_tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+            self._done = kwargs.get("initial", 0)
+            self._total = kwargs.get("total")
+
+        def update(self, n=1):
+            self._done += n
+            progress(self._done, self._total)
+
+    return Reporting
+
+
+def cached_files() -> list[CachedFile]:
+    """The GGUF files in the hub's cache, newest revision of each repository first."""
+    try:
+        cache = huggingface_hub.scan_cache_dir()
+    except huggingface_hub.CacheNotFound:
+        return []
+    found = []
+    for repo in cache.repos:
+        for revision in sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True):
+            for file in revision.files:
+                if file.file_name.endswith(".gguf"):
+                    filename = str(file.file_path.relative_to(revision.snapshot_path))
+                    found.append(CachedFile(repo.repo_id, filename, revision.commit_hash, file.file_path, file.size_on_disk))
+    return found
+
+
+def cached_path(repo_id: str, file_or_quant: Optional[str] = None) -> Optional[Path]:
+    """The cached GGUF file of ``repo_id`` that ``file_or_quant`` names (newest revision), without asking the hub."""
+    files = [f for f in cached_files() if f.repo_id == repo_id]
+    for file in files:
+        if file_or_quant is None or file.filename == file_or_quant or _matches(file.filename, file_or_quant):
+            return file.path
+    return None
+
+
+def remove(repo_id: str, filename: Optional[str] = None) -> list[CachedFile]:
+    """Remove a repository's cached GGUF files (all of them, or those named ``filename``); the ones removed."""
+    files = cached_files()
+    gone = [f for f in files if f.repo_id == repo_id and (filename is None or f.filename == filename)]
+    if not gone:
+        raise HubError(f"nothing of {repo_id}{' ' + filename if filename else ''} is in the hub's cache")
+    kept_blobs = {f.path.resolve() for f in files if f not in gone}
+    for file in gone:
+        blob = file.path.resolve()
+        file.path.unlink()
+        if blob not in kept_blobs:
+            blob.unlink(missing_ok=True)
+    return gone

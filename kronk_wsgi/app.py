@@ -10,7 +10,10 @@ from flask_cors import CORS
 from gevent.threadpool import ThreadPool
 from werkzeug.exceptions import HTTPException
 
-from .api import anthropic, hooks, openai_chat, openai_completions, openai_embeddings, openai_responses, service, tokens
+from .api import (
+    admin, anthropic, console, hooks, openai_chat, openai_completions, openai_embeddings, openai_responses, service,
+    tokens,
+)
 from .api.errors import ApiError, error_response
 from .api.state import KronkState
 from .api.response_store import ResponseStore
@@ -56,7 +59,7 @@ class Kronk:
         api = Blueprint("kronk", __name__)
         for blueprint in (
             service.bp, openai_chat.bp, openai_responses.bp, openai_completions.bp, openai_embeddings.bp,
-            tokens.bp, anthropic.bp,
+            tokens.bp, anthropic.bp, admin.bp, console.bp,
         ):
             api.register_blueprint(blueprint)
         hooks.install(api)
@@ -69,7 +72,8 @@ class Kronk:
 def _warm_up(pool: ModelPool, model_id: str) -> None:
     """Load the default model when the worker starts, not on the first request."""
     try:
-        pool.get(model_id)
+        with pool.use(model_id):
+            pass
     except ModelUnavailable:
         pass  # logged by the pool; readiness reports it
 

@@ -12,7 +12,7 @@ from .engine.base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError
 from .engine.ctransformers_engine import CTransformersEngine
 from .engine.ctransformers_files import check
 from .engine.demo_model import demo_model_path, ensure_demo_model
-from .engine.gguf_file import BadModelFile, read_gguf
+from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
 from .engine.tokenizer import GGUFTokenizer
 
 ENGINES: dict[str, type] = {"ctransformers": CTransformersEngine}
@@ -71,6 +71,26 @@ def load_engine(model_id: str, spec: ModelSpec) -> Engine:
         raise EngineError(str(exc)) from None
 
 
+def kv_cache_bytes(model, context: int) -> int:
+    """One slot's KV cache at ``context`` tokens (keys and values in f16); 0 if the file does not say its shape."""
+    width, heads = model.arch_value("embedding_length"), model.arch_value("attention.head_count")
+    kv_heads = model.arch_value("attention.head_count_kv", heads)
+    layers = model.arch_value("block_count")
+    if not (width and heads and layers):
+        return 0
+    return 2 * layers * context * (width * kv_heads // heads) * 2
+
+
+def footprint(path: Path, context_length: Optional[int], slots: int) -> int:
+    """The memory a model takes loaded, estimated: its file, and each slot's KV cache at the context served."""
+    size = path.stat().st_size
+    if not is_gguf(path):
+        return size
+    model = read_gguf(path)
+    context = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
+    return size + slots * kv_cache_bytes(model, context)
+
+
 def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str, str]]:
     """What a user needs to know before serving a model file, as (label, text) rows."""
     model = read_gguf(path)
@@ -110,7 +130,7 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
     shown = "\n".join(lines[:6]) + (f"\n... ({len(lines)} lines)" if len(lines) > 6 else "")
     rows.append(("chat template", shown or "none in the file (the built-in chatml is used)"))
     if width and heads and layers:
-        kv_cache = 2 * layers * context * (width * kv_heads // heads) * 2  # keys and values, f16
+        kv_cache = kv_cache_bytes(model, context)
         rows.append(("memory", f"{size / 1e6:.0f} MB of weights (memory-mapped, shared by all slots) "
                                f"+ {kv_cache / 1e6:.0f} MB of KV cache per slot at context {context}"))
     result = check(model)

@@ -71,12 +71,16 @@ class Settings(BaseModel):
     request_timeout: float = Field(3600.0, gt=0)
     drain_timeout: float = Field(120.0, ge=0)  # on shutdown, seconds running streams may go on
     api_keys: list[str] = Field(default_factory=list)  # empty: no auth
+    admin_keys: list[str] = Field(default_factory=list)  # for /admin; empty: open only if api_keys is empty too
     cors_origins: list[str] = Field(default_factory=list)  # web origins allowed to call the API ("*": any)
     responses_db: Optional[str] = None  # the SQLite file of stored Responses; default: in the cache directory
     responses_keep: int = Field(10_000, ge=1)  # stored Responses kept; the oldest go first
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_body_values: int = Field(20_000, ge=100)  # JSON values in one body (validation time grows with them)
     body_timeout: float = Field(30.0, gt=0)  # seconds for a request body to arrive (408 after)
+    max_loaded_models: Optional[int] = Field(None, ge=1)  # models loaded at once per worker; None: no limit
+    max_memory_mb: Optional[int] = Field(None, ge=1)  # estimated memory of loaded models per worker; None: no limit
+    idle_unload_seconds: Optional[float] = Field(None, gt=0)  # unload a model unused this long (not the default)
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")
@@ -95,7 +99,7 @@ class Settings(BaseModel):
             models[model_id.strip()] = {"path": path.strip()}
         return models
 
-    @pydantic.field_validator("api_keys", "cors_origins", mode="before")
+    @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         """From the environment: comma-separated, or a JSON list."""
@@ -110,7 +114,7 @@ class Settings(BaseModel):
             raise ValueError("an origin is empty")
         return origins
 
-    @pydantic.field_validator("api_keys")
+    @pydantic.field_validator("api_keys", "admin_keys")
     @classmethod
     def _check_keys(cls, keys: list[str]) -> list[str]:
         """An empty key would let anyone in: refuse it, rather than turn authentication off."""

@@ -44,6 +44,9 @@ class Metrics:
         self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r,
                                     multiprocess_mode="livesum")
         self.rejected = Counter("kronk_rejected", "Requests refused with 429 after the admission wait.", ["model"], registry=r)
+        self.model_events = Counter(
+            "kronk_model_events", "Model loads, failed loads, unloads (idle, room, admin) and refused loads "
+            "(no_room, never_fits).", ["model", "event"], registry=r)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format: of all workers when they share a directory, else of this app."""

@@ -12,7 +12,7 @@ from pydantic import Field
 from ..engine.sampling import SamplingParams
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
 from .errors import anthropic_error_body
-from .generation import get_model, render_chat, start_generation
+from .generation import render_chat, start_generation, use_model
 from .response import Encoder, respond
 from .schemas import FunctionName, Strict, parse_body, template_tool, template_tool_call
 from .sse import sse
@@ -272,9 +272,9 @@ def messages():
 def count_tokens():
     """The number of prompt tokens the same request would use."""
     body = parse_body(CountTokensRequest)
-    model = get_model(body.model)
-    prompt = render_chat(model, body.template_messages(), body.template_tools(), body.thinking_switch())
-    return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
+    with use_model(body.model) as model:
+        prompt = render_chat(model, body.template_messages(), body.template_tools(), body.thinking_switch())
+        return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
 
 
 def _signature(thinking: str) -> str:

@@ -4,11 +4,12 @@ Model lookup and load, admission, prompt preparation and the context check
 all happen here, so their failures are real HTTP errors.
 """
 
+import contextlib
 import dataclasses
 import select
 import socket
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import jsonschema
 import jsonschema.protocols
@@ -19,7 +20,7 @@ from ..engine.grammar import Grammar, GrammarError, json_schema_grammar
 from ..engine.sampling import SamplingParams
 from ..serving.drain import ShuttingDown
 from ..serving.jobs import EmbeddingJob, GenerationJob, Job
-from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, Overloaded
+from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, NeverFits, NoRoom, Overloaded
 from ..serving.reasoning import opens_thinking, reasoning_of
 from ..serving.session import Session
 from ..serving.tool_calls import ToolCallRules, call_grammar, forced_opening, syntax_of
@@ -47,18 +48,30 @@ def client_watch(environ: dict) -> Callable[[], bool]:
     return gone
 
 
-def get_model(model_id: str) -> LoadedModel:
-    """The loaded model; 404 if it is not configured, 503 if it cannot load.
+@contextlib.contextmanager
+def use_model(model_id: str) -> Iterator[LoadedModel]:
+    """The loaded model, kept loaded until the block ends.
 
-    Only a configured id is recorded: logs and metric labels never carry what a client made up.
+    404 if it is not configured; 503 if it cannot load, or cannot be loaded
+    now because the models that would make room for it are in use (with
+    Retry-After); 400 if it is larger than the memory budget. Only a configured
+    id is recorded: logs and metric labels never carry what a client made up.
     """
     if model_id not in state().settings.models:
         raise model_not_found(model_id)
     record().model = model_id
     try:
-        return state().pool.get(model_id)
+        model = state().pool.get(model_id)
     except ModelUnavailable as exc:
         raise ApiError(503, str(exc), code="model_unavailable") from None
+    except NoRoom as exc:
+        raise ApiError(503, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
+    except NeverFits as exc:
+        raise invalid(str(exc), param="model", code="model_too_large") from None
+    try:
+        yield model
+    finally:
+        model.unclaim()
 
 
 def render_chat(
@@ -280,18 +293,18 @@ def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:
     deadline = rec.started + settings.request_timeout
     if kronk.pool.drain.started:
         raise shutting_down()
-    model = get_model(model_id)
     gone = client_watch(request.environ)
-    try:
-        lease = model.admit(min(settings.admission_timeout, deadline - time.monotonic()), gone, kronk.pool.drain)
-    except ShuttingDown:
-        raise shutting_down() from None
-    except Overloaded as exc:
-        kronk.metrics.rejected.labels(model_id).inc()
-        raise ApiError(429, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
-    except ClientGone:
-        rec.outcome = "client_gone"
-        raise ApiError(499, "client closed the connection while waiting for admission") from None
+    with use_model(model_id) as model:  # the lease keeps it loaded from admission on
+        try:
+            lease = model.admit(min(settings.admission_timeout, deadline - time.monotonic()), gone, kronk.pool.drain)
+        except ShuttingDown:
+            raise shutting_down() from None
+        except Overloaded as exc:
+            kronk.metrics.rejected.labels(model_id).inc()
+            raise ApiError(429, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
+        except ClientGone:
+            rec.outcome = "client_gone"
+            raise ApiError(499, "client closed the connection while waiting for admission") from None
     try:
         job = prepare(model)
     except BaseException:

@@ -20,6 +20,7 @@ from .state import RequestRecord, state
 log = structlog.get_logger("kronk_wsgi.http")
 
 OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics")
+CONSOLE_PATH = "/console"  # static pages: the console asks for a key itself
 
 
 def api_path() -> str:
@@ -28,9 +29,19 @@ def api_path() -> str:
 
 
 def _check_auth() -> None:
-    keys = state().settings.api_keys
+    settings = state().settings
+    path = api_path()
     # A browser's CORS preflight never carries a key: it asks whether the real request may be sent.
-    if not keys or api_path() in OPEN_PATHS or request.method == "OPTIONS":
+    if path in OPEN_PATHS or path.startswith(CONSOLE_PATH) or request.method == "OPTIONS":
+        return
+    if path.startswith("/admin/"):
+        if not settings.admin_keys and settings.api_keys:
+            raise ApiError(403, "the admin API is closed: this server has API keys but no admin keys (admin_keys)",
+                           code="admin_closed")
+        keys, what = settings.admin_keys, "admin key"
+    else:
+        keys, what = settings.api_keys, "API key"
+    if not keys:
         return
     header = request.headers.get("Authorization", "")
     given = header[7:] if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
@@ -39,7 +50,7 @@ def _check_auth() -> None:
     for key in keys:
         matched |= hmac.compare_digest(given.encode(), key.encode())
     if not matched:
-        raise ApiError(401, "invalid or missing API key", code="invalid_api_key")
+        raise ApiError(401, f"invalid or missing {what}", code="invalid_api_key")
 
 
 def _start() -> None:
@@ -145,3 +156,4 @@ def install(bp: Blueprint) -> None:
     bp.register_error_handler(HTTPException, _http_error)
     bp.register_error_handler(Exception, _unexpected)
     bp.add_url_rule("/v1/<path:rest>", "unknown_route", _unknown_route, methods=_METHODS)
+    bp.add_url_rule("/admin/<path:rest>", "unknown_admin_route", _unknown_route, methods=_METHODS)

@@ -16,8 +16,8 @@ bp = Blueprint("service", __name__)
 def _model_card(model_id: str) -> dict:
     pool = state().pool
     card = {"id": model_id, "object": "model", "owned_by": "kronk_wsgi", "created": 0}
-    if pool.is_loaded(model_id):
-        loaded = pool.get(model_id)
+    loaded = next((m for m in pool.loaded() if m.id == model_id), None)
+    if loaded is not None:
         card["created"] = loaded.created
         card["context_length"] = loaded.engine.context_length
     return card
@@ -50,7 +50,7 @@ def readiness():
     default = kronk.settings.default_model
     if kronk.pool.drain.started:
         return jsonify({"status": "draining", "default_model": default}), 503
-    if kronk.pool.is_loaded(default):
+    if default in kronk.pool.loaded_once:  # loaded at start; unloading it later to make room is no failure
         return jsonify({"status": "ready", "default_model": default})
     error = kronk.pool.load_errors.get(default)
     body = {"status": "failed" if error else "loading", "default_model": default, "error": error}

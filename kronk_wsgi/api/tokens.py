@@ -7,7 +7,7 @@ from flask import Blueprint, jsonify
 from pydantic import Field
 
 from .errors import invalid
-from .generation import get_model, render_chat
+from .generation import render_chat, use_model
 from .schemas import ChatMessage, ChatTool, Strict, parse_body, template_tool
 
 bp = Blueprint("tokens", __name__)
@@ -39,23 +39,25 @@ class DetokenizeRequest(Strict):
 def tokenize():
     """Tokens of a text, or of chat messages rendered by the model's chat template."""
     body = parse_body(TokenizeRequest)
-    model = get_model(body.model)
-    if body.messages is None:
-        tokens = model.tokenize(body.text, add_special=body.add_special, parse_special=body.parse_special)
-    else:
-        tools = [template_tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or ()]
-        prompt = render_chat(model, [m.for_template() for m in body.messages], tools)
-        tokens = model.tokenize(prompt.text, add_special=body.add_special, inert=prompt.inert)
-    return jsonify({"tokens": tokens, "count": len(tokens), "max_context_length": model.engine.context_length})
+    with use_model(body.model) as model:
+        if body.messages is None:
+            tokens = model.tokenize(body.text, add_special=body.add_special, parse_special=body.parse_special)
+        else:
+            tools = [template_tool(t.function.name, t.function.description, t.function.parameters)
+                     for t in body.tools or ()]
+            prompt = render_chat(model, [m.for_template() for m in body.messages], tools)
+            tokens = model.tokenize(prompt.text, add_special=body.add_special, inert=prompt.inert)
+        return jsonify({"tokens": tokens, "count": len(tokens), "max_context_length": model.engine.context_length})
 
 
 @bp.post("/v1/detokenize")
 def detokenize():
     """The text some tokens stand for."""
     body = parse_body(DetokenizeRequest)
-    model = get_model(body.model)
-    vocab = model.engine.tokenizer.vocab_size
-    for index, token in enumerate(body.tokens):
-        if token >= vocab:
-            raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})", param=f"tokens[{index}]")
-    return jsonify({"text": model.detokenize(body.tokens).decode("utf-8", errors="replace")})
+    with use_model(body.model) as model:
+        vocab = model.engine.tokenizer.vocab_size
+        for index, token in enumerate(body.tokens):
+            if token >= vocab:
+                raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})",
+                              param=f"tokens[{index}]")
+        return jsonify({"text": model.detokenize(body.tokens).decode("utf-8", errors="replace")})

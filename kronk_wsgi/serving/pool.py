@@ -1,7 +1,16 @@
-"""Loaded models, their slots and worker threads, and admission to them."""
+"""Loaded models, their slots and worker threads, admission to them, and unloading them to make room.
 
+A model in use is never unloaded: one that requests have claimed (from the
+moment the pool hands it out until the request is admitted or gives up) or
+that holds admission leases (running or waiting generations). Unused models
+go when they have been idle for ``idle_unload_seconds`` (not the default
+model), and, least recently used first, when another model needs room under
+``max_loaded_models`` or ``max_memory_mb``.
+"""
+
+import contextlib
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import gevent
 import gevent.event
@@ -10,7 +19,7 @@ import gevent.queue
 import structlog
 from gevent.threadpool import ThreadPool
 
-from ..catalog import load_engine
+from ..catalog import footprint, load_engine, local_file
 from ..config import ModelSpec, Settings
 from ..engine.base import Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
@@ -31,6 +40,16 @@ class ModelUnavailable(RuntimeError):
     """The model is configured but could not be loaded."""
 
 
+class NoRoom(RuntimeError):
+    """The model cannot be loaded now: the models that would have to go are in use."""
+
+    retry_after = 5
+
+
+class NeverFits(RuntimeError):
+    """The model alone is larger than the memory budget."""
+
+
 class Overloaded(RuntimeError):
     """No admission place came free within the admission timeout."""
 
@@ -44,16 +63,18 @@ class ClientGone(Exception):
 
 
 class Lease:
-    """One admission place, released exactly once."""
+    """One admission place, released exactly once; while it is held, its model is in use."""
 
-    def __init__(self, places: gevent.lock.BoundedSemaphore) -> None:
-        self._places = places
+    def __init__(self, model: "LoadedModel") -> None:
+        self._model = model
+        model.claim()
         self._held = True
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._places.release()
+            self._model._places.release()
+            self._model.unclaim()
 
 
 class LoadedModel:
@@ -66,10 +87,15 @@ class LoadedModel:
     chat template closes a turn with.
     """
 
-    def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int) -> None:
+    def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
+                 memory: int = 0) -> None:
         self.id = model_id
         self.engine = engine
         self.template = template
+        self.memory = memory  # bytes, estimated: the file and the slots' KV caches
+        self.places = places
+        self.users = 0  # requests that hold the model: claimed, or holding an admission lease
+        self.last_used = time.monotonic()
         closing = engine.tokenizer.control.get(template.closing_token() or "")
         self.end_ids = engine.tokenizer.end_ids | ({closing} if closing is not None else set())
         self.created = int(time.time())
@@ -79,6 +105,27 @@ class LoadedModel:
         for slot in slots:
             self.free_slots.put(slot)
         self._places = gevent.lock.BoundedSemaphore(places)
+
+    def claim(self) -> None:
+        self.users += 1
+
+    def unclaim(self) -> None:
+        self.users -= 1
+        self.last_used = time.monotonic()
+
+    @property
+    def in_use(self) -> bool:
+        return self.users > 0
+
+    @property
+    def admitted(self) -> int:
+        """Requests holding an admission place: generating, or waiting for a slot."""
+        return self.places - self._places.counter
+
+    def close(self) -> None:
+        """Stop the model's threads; the engine is freed with the last reference to it."""
+        self.threads.kill()
+        self.tokenizer.kill()
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                  inert: Optional[str] = None) -> list[int]:
@@ -100,13 +147,13 @@ class LoadedModel:
             if remaining <= 0:
                 raise Overloaded(self.id, timeout)
             if self._places.acquire(timeout=min(CLIENT_POLL_SECONDS, remaining)):
-                return Lease(self._places)
+                return Lease(self)
             if client_gone():
                 raise ClientGone()
 
 
 class ModelPool:
-    """The configured models of one app; each loads once, on first use."""
+    """The configured models of one app; each loads once, on first use, and may be unloaded when unused."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
@@ -114,44 +161,132 @@ class ModelPool:
         self.drain = Drain()
         self._loaded: dict[str, LoadedModel] = {}
         self._loading: dict[str, gevent.event.AsyncResult] = {}
+        self._waiting: dict[str, int] = {}  # requests waiting for a model's load, beside the one loading it
         self.load_errors: dict[str, str] = {}
+        self.loaded_once: set[str] = set()
+        self._sweeper: Optional[gevent.Greenlet] = None
 
     def is_loaded(self, model_id: str) -> bool:
         return model_id in self._loaded
 
+    def loaded(self) -> list[LoadedModel]:
+        return list(self._loaded.values())
+
+    @contextlib.contextmanager
+    def use(self, model_id: str) -> Iterator[LoadedModel]:
+        """The loaded model, kept loaded until the block ends."""
+        model = self.get(model_id)
+        try:
+            yield model
+        finally:
+            model.unclaim()
+
     def get(self, model_id: str) -> LoadedModel:
-        """The loaded model; concurrent first requests share one load."""
+        """The loaded model, claimed for the caller (``unclaim()`` it, or hand the claim to a lease).
+
+        Concurrent first requests share one load. NoRoom if it cannot be
+        loaded now for models in use, NeverFits if it is larger than the
+        memory budget, ModelUnavailable if it fails to load.
+        """
         if model_id not in self.settings.models:
             raise UnknownModel(model_id)
         model = self._loaded.get(model_id)
         if model is not None:
+            model.claim()
             return model
         pending = self._loading.get(model_id)
         if pending is not None:
-            return pending.get()
+            self._waiting[model_id] = self._waiting.get(model_id, 0) + 1
+            return pending.get()  # claimed for this caller by the loader
+        spec = self.settings.models[model_id]
         pending = self._loading[model_id] = gevent.event.AsyncResult()
+        self._waiting[model_id] = 0
         started = time.monotonic()
         try:
-            parts = gevent.get_hub().threadpool.apply(self._load, (model_id, self.settings.models[model_id]))
+            memory = gevent.get_hub().threadpool.apply(self._footprint, (spec,))
+            self._make_room(model_id, memory)
+            engine, template, slots = gevent.get_hub().threadpool.apply(self._load, (model_id, spec))
+        except (NoRoom, NeverFits) as exc:
+            pending.set_exception(exc)
+            raise
         except (EngineError, ValueError) as exc:
             self.load_errors[model_id] = str(exc)
             log.error("model load failed", model=model_id, error=str(exc))
+            self.metrics.model_events.labels(model_id, "load_failed").inc()
             failure = ModelUnavailable(f"model {model_id!r} could not be loaded: {exc}")
             pending.set_exception(failure)
             raise failure from None
         finally:
             del self._loading[model_id]
+            waiting = self._waiting.pop(model_id)
         # gevent objects belong to the hub's thread: build the model here, not in _load.
-        model = LoadedModel(model_id, *parts, places=self.settings.parallel * self.settings.queue_depth)
+        model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
+                            memory)
+        for _ in range(1 + waiting):
+            model.claim()
         self.load_errors.pop(model_id, None)
         self._loaded[model_id] = model
+        self.loaded_once.add(model_id)
+        self.metrics.model_events.labels(model_id, "loaded").inc()
         pending.set(model)
         log.info(
             "model loaded", model=model_id, seconds=round(time.monotonic() - started, 3),
             context_length=model.engine.context_length, slots=self.settings.parallel,
-            threads=self.settings.effective_threads,
+            threads=self.settings.effective_threads, memory_mb=round(memory / 1e6),
         )
+        if self.settings.idle_unload_seconds is not None and self._sweeper is None:
+            self._sweeper = gevent.spawn(self._sweep)
         return model
+
+    def unload(self, model_id: str, reason: str) -> bool:
+        """Unload a model that is not in use; whether it was unloaded."""
+        model = self._loaded.get(model_id)
+        if model is None or model.in_use:
+            return False
+        del self._loaded[model_id]
+        model.close()
+        self.metrics.model_events.labels(model_id, f"unloaded_{reason}").inc()
+        log.info("model unloaded", model=model_id, reason=reason, idle_seconds=round(time.monotonic() - model.last_used, 1))
+        return True
+
+    def _footprint(self, spec: ModelSpec) -> int:
+        """Runs in a worker thread: the memory a model will take, estimated from its file (0 if not on disk yet)."""
+        path = local_file(spec)
+        if path is None or not path.is_file():
+            return 0
+        return footprint(path, spec.context_length, self.settings.parallel)
+
+    def _make_room(self, model_id: str, memory: int) -> None:
+        """Unload unused models, least recently used first, until the model fits the budget."""
+        budget = self.settings.max_memory_mb
+        if budget is not None and memory > budget * 1e6:
+            self.metrics.model_events.labels(model_id, "refused_never_fits").inc()
+            raise NeverFits(f"model {model_id!r} needs about {memory / 1e6:.0f} MB (its file and KV cache), "
+                            f"more than max_memory_mb ({budget})")
+
+        def over() -> bool:
+            count = len(self._loaded) + len(self._loading)  # the loading ones include this model
+            used = sum(m.memory for m in self._loaded.values()) + memory
+            return ((self.settings.max_loaded_models is not None and count > self.settings.max_loaded_models)
+                    or (budget is not None and used > budget * 1e6))
+
+        while over():
+            idle = sorted((m for m in self._loaded.values() if not m.in_use), key=lambda m: m.last_used)
+            if not idle:
+                self.metrics.model_events.labels(model_id, "refused_no_room").inc()
+                busy = ", ".join(sorted(self._loaded))
+                raise NoRoom(f"model {model_id!r} cannot be loaded now: the loaded models ({busy}) are in use")
+            self.unload(idle[0].id, "room")
+
+    def _sweep(self) -> None:
+        """Unload models idle for longer than idle_unload_seconds (the default model stays)."""
+        ttl = self.settings.idle_unload_seconds
+        while True:
+            gevent.sleep(min(ttl / 2, 5.0))
+            now = time.monotonic()
+            for model in self.loaded():
+                if model.id != self.settings.default_model and not model.in_use and now - model.last_used > ttl:
+                    self.unload(model.id, "idle")
 
     def _load(self, model_id: str, spec: ModelSpec) -> tuple[Engine, ChatTemplate, list[Slot]]:
         """Runs in a worker thread: the engine, its chat template and its slots."""

@@ -1,0 +1,125 @@
+"""The admin API: loaded models with their slots, queue and memory; unloading; pulling from the hub as SSE.
+
+Behind admin keys (``admin_keys``), never the inference keys: with inference
+keys and no admin keys it is closed; with no keys at all it is open, like
+the rest of a server without authentication.
+"""
+
+import time
+from typing import Iterator, Optional
+
+import gevent
+from flask import Blueprint, jsonify
+
+from .. import hub
+from ..serving.channel import ThreadChannel
+from .errors import ApiError
+from .schemas import Strict, parse_body
+from .sse import KEEPALIVE_COMMENT, event_stream, sse
+from .state import state
+
+bp = Blueprint("admin", __name__)
+
+PROGRESS_INTERVAL = 0.25  # seconds between two progress events of a pull
+
+
+def _model_row(model_id: str) -> dict:
+    kronk = state()
+    spec = kronk.settings.models[model_id]
+    row = {"id": model_id, "source": spec.describe(), "loaded": False, "default": model_id == kronk.settings.default_model,
+           "load_error": kronk.pool.load_errors.get(model_id)}
+    loaded = next((m for m in kronk.pool.loaded() if m.id == model_id), None)
+    if loaded is not None:
+        admitted = loaded.admitted
+        free = loaded.free_slots.qsize()
+        row.update({
+            "loaded": True, "context_length": loaded.engine.context_length, "memory_mb": round(loaded.memory / 1e6),
+            "slots": kronk.settings.parallel, "busy_slots": kronk.settings.parallel - free,
+            "queued": max(0, admitted - (kronk.settings.parallel - free)), "places": loaded.places,
+            "idle_seconds": None if loaded.in_use else round(time.monotonic() - loaded.last_used, 1),
+        })
+    return row
+
+
+@bp.get("/admin/models")
+def models():
+    """Every configured model: loaded or not, and for loaded ones their slots, queue and memory."""
+    settings = state().settings
+    budget = {"max_loaded_models": settings.max_loaded_models, "max_memory_mb": settings.max_memory_mb,
+              "idle_unload_seconds": settings.idle_unload_seconds}
+    return jsonify({"object": "list", "data": [_model_row(m) for m in settings.models], "budget": budget})
+
+
+@bp.post("/admin/models/<path:model_id>/unload")
+def unload(model_id: str):
+    """Unload a model that no request is using."""
+    kronk = state()
+    if model_id not in kronk.settings.models:
+        raise ApiError(404, f"the model {model_id[:100]!r} does not exist", code="model_not_found", param="model")
+    if not kronk.pool.is_loaded(model_id):
+        raise ApiError(409, f"model {model_id!r} is not loaded", code="not_loaded")
+    if not kronk.pool.unload(model_id, "admin"):
+        raise ApiError(409, f"model {model_id!r} is in use: it is unloaded once its requests are done",
+                       code="model_in_use")
+    return jsonify({"id": model_id, "unloaded": True})
+
+
+class PullRequest(Strict):
+    repo_id: str
+    file: Optional[str] = None  # a file name or a quantization; may be left out if the repository has one GGUF file
+    revision: Optional[str] = None
+
+
+@bp.post("/admin/pull")
+def pull():
+    """Download a GGUF file into the hub's cache, its progress streamed as SSE.
+
+    Before the commit the file is looked up (a 400 naming what is wrong).
+    Then: ``start``, ``progress`` events (bytes done and total), and ``done``
+    with the file's path, or ``error``. A client that leaves does not stop
+    the download: it finishes in the background.
+    """
+    body = parse_body(PullRequest)
+    threads = gevent.get_hub().threadpool
+    try:
+        filename = threads.apply(hub.resolve, (body.repo_id, body.file, body.revision))
+    except hub.HubError as exc:
+        raise ApiError(400, str(exc), code="pull_failed", param="file") from None
+    channel = ThreadChannel()
+
+    def download() -> None:
+        try:
+            path = hub.pull(body.repo_id, filename, body.revision,
+                            progress=lambda done, total: channel.put(("progress", done, total)))
+            channel.put(("done", str(path), path.stat().st_size))
+        except hub.HubError as exc:
+            channel.put(("error", str(exc)))
+
+    worker = threads.spawn(download)
+    worker.rawlink(lambda _: channel.close())
+    return event_stream(_pull_frames(channel, body.repo_id, filename, state().settings.keepalive_interval))
+
+
+def _pull_frames(channel: ThreadChannel, repo_id: str, filename: str, keepalive: float) -> Iterator[str]:
+    yield sse({"repo_id": repo_id, "file": filename}, "start")
+    sent = quiet_since = time.monotonic()
+    while True:
+        # A short wait: the channel closes when the download ends, and may miss its last wake-up.
+        items = channel.take_all(PROGRESS_INTERVAL)
+        now = time.monotonic()
+        if not items:
+            if now - quiet_since >= keepalive:
+                quiet_since = now
+                yield KEEPALIVE_COMMENT
+            continue
+        last = items[-1]
+        if last[0] == "done":
+            yield sse({"path": last[1], "size": last[2]}, "done")
+            return
+        if last[0] == "error":
+            yield sse({"error": {"message": last[1], "type": "pull_failed"}}, "error")
+            return
+        if now - sent >= PROGRESS_INTERVAL:
+            sent = quiet_since = now
+            _, done, total = last
+            yield sse({"done": done, "total": total}, "progress")

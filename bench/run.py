@@ -4,6 +4,7 @@
     python bench/run.py --model smollm2 [--tokens 200]
     python bench/run.py --storm
     python bench/run.py --grammar [--tokens 200]
+    python bench/run.py --engines [--tokens 200] [--llama-server PATH]
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -15,16 +16,22 @@ with the copy reused. ``--storm`` sends eight maximal request bodies at once
 /v1/liveness is polled: the liveness p99 and the largest gap in the stream.
 ``--grammar`` decodes on SmolLM2 (engine alone, one thread) without and with a
 JSON Schema constraint, and times the constraint's own work per token.
+``--engines`` serves SmolLM2 on each engine (two slots, one ggml thread each),
+and on llama-server too when given its binary: one stream's decode rate, time
+to first token for a ~1,000-word prompt, uncached and then repeated with a few
+more words (a chat's next turn), and two concurrent streams' aggregate rate.
 """
 
 import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import requests
 
@@ -48,12 +55,12 @@ def engine_alone(path: Path, tokens: int) -> dict:
     engine = CTransformersEngine("bench", path)
     tokenizer = engine.tokenizer
     prompt = tokenizer.prompt(*engine_prompt(engine))
-    slot = engine.new_slot(1)
+    slot = engine.new_slots(1, 1)[0]
     started = time.perf_counter()
     slot.prefill(prompt)
     prefill = time.perf_counter() - started
     generation = Generation(
-        engine.new_slot(1), prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
+        engine.new_slots(1, 1)[0], prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
         context_length=engine.context_length,
         sampling=SamplingParams(seed=1, logit_bias=tuple((t, -100.0) for t in tokenizer.end_ids)),
     )
@@ -225,7 +232,7 @@ def grammar_cost(tokens: int) -> list[tuple[str, str]]:
 
     def rate(constraint) -> tuple[float, str]:
         generation = Generation(
-            engine.new_slot(1), prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
+            engine.new_slots(1, 1)[0], prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
             context_length=engine.context_length, sampling=SamplingParams(seed=1, logit_bias=no_end),
             constraint=constraint,
         )
@@ -249,6 +256,73 @@ def grammar_cost(tokens: int) -> list[tuple[str, str]]:
         ("constraint work per token (mask + advance), ms", f"{1000 * per_token:.2f}"),
         ("constraint work / free token time (goal < 0.10)", f"{per_token * free:.3f}"),
     ]
+
+
+LONG_PROMPT = " ".join(f"Sentence {i}: the model server streams tokens to its clients." for i in range(110))
+
+
+def streams_together(url: str, tokens: int, count: int) -> float:
+    """Aggregate tokens/s of ``count`` concurrent streams (each with its own prompt)."""
+    results: list[dict] = []
+    threads = [threading.Thread(target=lambda i=i: results.append(one_stream(url, tokens, f"Story {i}: once", (0, 2))))
+               for i in range(count)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(r["completion_tokens"] for r in results) / (time.perf_counter() - started)
+
+
+def serving_measures(url: str, tokens: int) -> dict:
+    one_stream(url, 5, "warm up", (0, 2))
+    return {
+        "decode": one_stream(url, tokens, "Tell me a story.", (0, 2))["tokens_per_s"],
+        "ttft_uncached": one_stream(url, 1, LONG_PROMPT, (0, 2))["ttft_s"],
+        "ttft_repeated": one_stream(url, 1, LONG_PROMPT + " And then?", (0, 2))["ttft_s"],
+        "two_streams": streams_together(url, tokens, 2),
+    }
+
+
+def engines_side_by_side(tokens: int, llama_server: Optional[str]) -> list[tuple[str, str]]:
+    """SmolLM2 on ctransformers, on llama.cpp and (if given) on llama-server, measured the same way."""
+    path = fetch_smollm2()
+    workdir = ROOT / "bench" / "results" / "engines"
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for engine in ("ctransformers", "llama.cpp"):
+        models = {"bench": {"path": str(path), "engine": engine, "context_length": 4096}}
+        env = {"KRONK_MODELS": json.dumps(models), "KRONK_PARALLEL": 2, "KRONK_THREADS": 1}
+        with run_server(workdir, env) as server:
+            results[engine] = serving_measures(server.url, tokens)
+    if llama_server:
+        port = 18080
+        proc = subprocess.Popen([llama_server, "-m", str(path), "--port", str(port), "-np", "2", "-t", "2", "-c", "8192"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if requests.get(url + "/health", timeout=1).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                time.sleep(0.2)
+            results["llama-server"] = serving_measures(url, tokens)
+        finally:
+            proc.terminate()
+            proc.wait()
+    (workdir / "latest.json").write_text(json.dumps(results, indent=2))
+    names = list(results)
+    print(f"model {path.name}, {tokens} tokens per stream; columns: {', '.join(names)}")
+    rows = [
+        ("decode, one stream, tokens/s", "decode", "{:.1f}"),
+        ("time to first token, ~1,000-word prompt, uncached, s", "ttft_uncached", "{:.2f}"),
+        ("same prompt plus a few words (next turn), s", "ttft_repeated", "{:.2f}"),
+        ("two concurrent streams, aggregate tokens/s", "two_streams", "{:.1f}"),
+    ]
+    return [(label, "  ".join(fmt.format(results[n][key]) for n in names)) for label, key, fmt in rows]
 
 
 def body_storm() -> list[tuple[str, str]]:
@@ -283,7 +357,12 @@ def main() -> None:
     parser.add_argument("--model", default="demo", choices=["demo", "smollm2"])
     parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
+    parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
+    parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines)")
     args = parser.parse_args()
+    if args.engines:
+        print_rows(engines_side_by_side(args.tokens, args.llama_server))
+        return
     if args.storm:
         print_rows(body_storm())
         return

@@ -12,10 +12,13 @@ from .engine.base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError
 from .engine.ctransformers_engine import CTransformersEngine
 from .engine.ctransformers_files import check
 from .engine.demo_model import demo_model_path, ensure_demo_model
+from .engine.llamacpp_engine import LlamaCppEngine
+from .engine.llamacpp_engine import available as llamacpp_available
 from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
 from .engine.tokenizer import GGUFTokenizer
 
-ENGINES: dict[str, type] = {"ctransformers": CTransformersEngine}
+ENGINES: dict[str, type] = {"ctransformers": CTransformersEngine, "llama.cpp": LlamaCppEngine}
+EXTRA = "pip install 'kronk_wsgi[llamacpp]'"
 
 
 def model_file(spec: ModelSpec) -> Path:
@@ -62,11 +65,29 @@ def engine_class(name: str) -> type:
     return cls
 
 
+def choose_engine(path: Path, wanted: str = "auto", gpu_layers: int = 0) -> str:
+    """The engine that runs a file: ``wanted``, or for "auto" ctransformers if it runs the file, else llama.cpp.
+
+    Asking for GPU layers asks for llama.cpp. EngineError if no installed engine can run the file.
+    """
+    if wanted != "auto":
+        return wanted
+    if gpu_layers or (is_gguf(path) and not check(read_gguf(path)).runs):
+        if not llamacpp_available():
+            problems = "GPU layers asked for" if gpu_layers else "; ".join(check(read_gguf(path)).problems)
+            raise EngineError(f"{path.name} needs the llama.cpp engine ({problems}), which is not installed: {EXTRA}")
+        return "llama.cpp"
+    return "ctransformers"
+
+
 def load_engine(model_id: str, spec: ModelSpec) -> Engine:
     """Load a configured model (blocking; call it from a worker thread)."""
-    cls = engine_class(spec.engine)
+    path = model_file(spec)
     try:
-        return cls(model_id, model_file(spec), context_length=spec.context_length, model_type=spec.model_type)
+        name = choose_engine(path, spec.engine, spec.gpu_layers)
+        cls = engine_class(name)
+        options = {"gpu_layers": spec.gpu_layers} if name == "llama.cpp" else {}
+        return cls(model_id, path, context_length=spec.context_length, model_type=spec.model_type, **options)
     except ValueError as exc:  # a bad file (BadModelFile) or a bad template
         raise EngineError(str(exc)) from None
 
@@ -133,13 +154,19 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
         kv_cache = kv_cache_bytes(model, context)
         rows.append(("memory", f"{size / 1e6:.0f} MB of weights (memory-mapped, shared by all slots) "
                                f"+ {kv_cache / 1e6:.0f} MB of KV cache per slot at context {context}"))
+    rows.append(("engine", _engine_verdict(model)))
+    return rows
+
+
+def _engine_verdict(model) -> str:
+    """Which engine "auto" runs a file on, and why."""
     result = check(model)
     if result.runs:
-        verdict = "runs" + (f", from a prepared copy ({'; '.join(result.fixes)})" if result.fixes else "")
-    else:
-        verdict = "cannot run it: " + "; ".join(result.problems)
-    rows.append(("engine", f"ctransformers {verdict}"))
-    return rows
+        return "ctransformers" + (f", from a prepared copy ({'; '.join(result.fixes)})" if result.fixes else "")
+    why = "; ".join(result.problems)
+    if llamacpp_available():
+        return f"llama.cpp (ctransformers cannot: {why})"
+    return f"none installed: ctransformers cannot ({why}); llama.cpp would: {EXTRA}"
 
 
 def summary(path: Path) -> dict[str, str]:
@@ -149,7 +176,10 @@ def summary(path: Path) -> dict[str, str]:
     except (OSError, BadModelFile) as exc:
         return {"architecture": "-", "quantization": "-", "context": "-", "engine": f"unreadable: {exc}"}
     result = check(model)
-    engine = ("ctransformers" + (" (prepared copy)" if result.fixes else "")) if result.runs else "none: " + "; ".join(result.problems)
+    if result.runs:
+        engine = "ctransformers" + (" (prepared copy)" if result.fixes else "")
+    else:
+        engine = "llama.cpp" if llamacpp_available() else f"none installed ({EXTRA})"
     return {"architecture": model.architecture, "quantization": _file_type_name(model.get("general.file_type")),
             "context": str(model.context_length or "-"), "engine": engine}
 

@@ -31,7 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _make_model(args: argparse.Namespace) -> int:
     from .engine.demo_model import write_demo_model
 
-    print(write_demo_model(args.path, args.size, args.seed))
+    print(write_demo_model(args.path, args.size, args.seed, args.architecture))
     return 0
 
 
@@ -147,6 +147,7 @@ def main(argv=None) -> int:
     make.add_argument("path")
     make.add_argument("--size", choices=["tiny", "medium"], default="tiny")
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--architecture", choices=["llama", "qwen2"], default="llama")
     make.set_defaults(run=_make_model)
     args = parser.parse_args(argv)
     return args.run(args)

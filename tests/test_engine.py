@@ -49,21 +49,21 @@ def test_context_length_is_the_files(engine):
 
 
 def test_prefix_is_reused_between_prompts(engine):
-    slot = engine.new_slot(1)
+    slot = engine.new_slots(1, 1)[0]
     first = engine.tokenizer.prompt("The model server streams tokens to many clients")
     second = engine.tokenizer.prompt("The model server streams tokens to many clients and more")
     assert slot.prefill(first) == 0
     reused = slot.prefill(second)
     assert reused == len(first)
     logits_reused = slot.logits()
-    other = engine.new_slot(1)
+    other = engine.new_slots(1, 1)[0]
     other.prefill(second)
     logits_fresh = other.logits()
     np.testing.assert_array_equal(logits_reused, logits_fresh)
 
 
 def test_prefill_is_cancellable_between_chunks(engine):
-    slot = engine.new_slot(1)
+    slot = engine.new_slots(1, 1)[0]
     calls = []
     with pytest.raises(Cancelled):
         slot.prefill(engine.tokenizer.prompt("word " * 100), cancelled=lambda: calls.append(1) or len(calls) > 2, chunk=8)
@@ -80,15 +80,15 @@ def generate(engine, slot, **kwargs):
 
 
 def test_seeded_generation_repeats_across_slots(engine):
-    a, _ = generate(engine, engine.new_slot(1))
-    b, _ = generate(engine, engine.new_slot(1))
-    c, _ = generate(engine, engine.new_slot(1), sampling=SamplingParams(seed=2))
+    a, _ = generate(engine, engine.new_slots(1, 1)[0])
+    b, _ = generate(engine, engine.new_slots(1, 1)[0])
+    c, _ = generate(engine, engine.new_slots(1, 1)[0], sampling=SamplingParams(seed=2))
     assert a == b and a != c
 
 
 def test_length_at_the_context_window(engine, tiny_model):
     small = CTransformersEngine("small", tiny_model, context_length=64)
-    slot = small.new_slot(1)
+    slot = small.new_slots(1, 1)[0]
     bias = ((2, -100.0),)
     text, generation = generate(small, slot, max_tokens=1000, context_length=64, sampling=SamplingParams(seed=1, logit_bias=bias))
     assert generation.finish_reason == "length"
@@ -107,7 +107,7 @@ def test_stop_scanner_holds_back_partial_matches():
 
 
 def test_utf8_is_never_split(engine, monkeypatch):
-    slot = engine.new_slot(1)
+    slot = engine.new_slots(1, 1)[0]
     piece = engine.tokenizer.piece
     emoji = engine.tokenizer.encode("😀")
     byte_tokens = [t for t in emoji if len(piece(t)) == 1 and piece(t)[0] >= 0x80]
@@ -126,7 +126,7 @@ def test_control_tokens_add_no_text_unless_shown(engine, monkeypatch, shown, tex
     forced = iter([1, 2])  # <s> (a control token), then </s> (the end)
     monkeypatch.setattr(Sampler, "sample", lambda self, logits, allowed: next(forced))
     generation = Generation(
-        engine.new_slot(1), engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=frozenset({2}),
+        engine.new_slots(1, 1)[0], engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=frozenset({2}),
         shown=shown, max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0),
     )
     assert "".join(generation) == text and generation.finish_reason == "stop"

@@ -31,7 +31,7 @@ def _model_row(model_id: str) -> dict:
     loaded = next((m for m in kronk.pool.loaded() if m.id == model_id), None)
     if loaded is not None:
         admitted = loaded.admitted
-        free = loaded.free_slots.qsize()
+        free = loaded.free_slot_count
         row.update({
             "loaded": True, "context_length": loaded.engine.context_length, "memory_mb": round(loaded.memory / 1e6),
             "slots": kronk.settings.parallel, "busy_slots": kronk.settings.parallel - free,

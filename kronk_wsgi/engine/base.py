@@ -4,7 +4,7 @@ An ``Engine`` is one loaded model file. It has the model's tokenizer and
 hands out ``Slot``s; a slot is an independent inference instance with its own
 KV cache, fed token ids only. Each slot is used by one OS thread at a time:
 the serving core guarantees it.
-A second backend (say llama-cpp-python) implements these two classes and
+Each backend (ctransformers, llama.cpp) implements these two classes;
 nothing above the engine layer changes.
 """
 
@@ -31,6 +31,8 @@ class Cancelled(Exception):
 class Slot(abc.ABC):
     """One inference instance: a KV cache and the tokens it holds."""
 
+    prefill_chunk = 32  # prompt tokens per engine call: the engine's speed, against how soon a cancel is seen
+
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
 
@@ -50,7 +52,7 @@ class Slot(abc.ABC):
         self,
         tokens: Sequence[int],
         cancelled: Callable[[], bool] = lambda: False,
-        chunk: int = 32,
+        chunk: Optional[int] = None,
     ) -> int:
         """Evaluate a prompt, reusing the cached prefix; return tokens reused.
 
@@ -63,6 +65,7 @@ class Slot(abc.ABC):
         while keep < limit and tokens[keep] == self.cached[keep]:
             keep += 1
         del self.cached[keep:]
+        chunk = chunk or self.prefill_chunk
         for start in range(keep, len(tokens), chunk):
             if cancelled():
                 raise Cancelled()
@@ -89,5 +92,5 @@ class Engine(abc.ABC):
     chat_template: Optional[str]  # the file's own, if it has one
 
     @abc.abstractmethod
-    def new_slot(self, threads: int) -> Slot:
-        """A new inference instance running ``threads`` compute threads."""
+    def new_slots(self, count: int, threads: int) -> list[Slot]:
+        """``count`` inference instances, each given ``threads`` compute threads."""

@@ -138,8 +138,12 @@ class CTransformersEngine(Engine):
             file_context = None
         self.context_length = int(context_length or file_context or DEFAULT_CONTEXT_LENGTH)
 
-    def new_slot(self, threads: int) -> CTransformersSlot:
-        llm = _load(self._path, self._model_type, self.context_length)
-        if llm.ctransformers_llm_vocab_size() != self.tokenizer.vocab_size:
-            raise EngineError(f"{self._path.name}: the engine's vocabulary differs from the file's tokenizer")
-        return self.slot_class(llm, threads)
+    def new_slots(self, count: int, threads: int) -> list[CTransformersSlot]:
+        """Each slot is its own engine instance: the file is memory-mapped once, each has its own KV cache."""
+        slots = []
+        for _ in range(count):
+            llm = _load(self._path, self._model_type, self.context_length)
+            if llm.ctransformers_llm_vocab_size() != self.tokenizer.vocab_size:
+                raise EngineError(f"{self._path.name}: the engine's vocabulary differs from the file's tokenizer")
+            slots.append(self.slot_class(llm, threads))
+        return slots

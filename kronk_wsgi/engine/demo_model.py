@@ -1,4 +1,4 @@
-"""Deterministic llama-architecture GGUF models with random weights.
+"""Deterministic GGUF models with random weights: llama architecture, or qwen2 (which ctransformers cannot run).
 
 No hub is reachable offline, so kronk_wsgi makes its own models: the text they
 write is gibberish, but loading, tokenizing, prefill, sampling and detokenizing
@@ -85,11 +85,16 @@ def _vocab(size: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def write_demo_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a llama GGUF model of the named size with seeded random weights."""
+ARCHITECTURES = ("llama", "qwen2")  # qwen2: llama's tensors plus biases on the query, key and value projections
+
+
+def write_demo_model(path: Path, size: str = "tiny", seed: int = 0, architecture: str = "llama") -> Path:
+    """Write a GGUF model of the named size and architecture with seeded random weights."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
     spec = SIZES[size]
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name(f"kronk-demo-{size}")
     writer.add_context_length(spec.context_length)
     writer.add_embedding_length(spec.width)
@@ -124,6 +129,9 @@ def write_demo_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
         writer.add_tensor(blk + "attn_norm.weight", norm())
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
             writer.add_tensor(blk + name + ".weight", weight(w, w))
+        if architecture == "qwen2":
+            for name in ("attn_q", "attn_k", "attn_v"):
+                writer.add_tensor(blk + name + ".bias", np.zeros(w, dtype=np.float32))
         writer.add_tensor(blk + "ffn_norm.weight", norm())
         writer.add_tensor(blk + "ffn_gate.weight", weight(ff, w))
         writer.add_tensor(blk + "ffn_up.weight", weight(ff, w))

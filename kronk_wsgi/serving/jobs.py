@@ -26,6 +26,10 @@ class Job(Protocol):
     prompt_tokens: int
 
     @property
+    def prefix(self) -> list[int]:
+        """The tokens the job evaluates first: the slot whose cache starts with most of them is taken."""
+
+    @property
     def completion_tokens(self) -> int: ...
 
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]: ...
@@ -83,6 +87,10 @@ class GenerationJob:
         self.grammar_after = grammar_after
         self.top_logprobs = top_logprobs
         self._generations: list[Generation] = []
+
+    @property
+    def prefix(self) -> list[int]:
+        return self.prompts[0]
 
     @property
     def completion_tokens(self) -> int:
@@ -174,6 +182,10 @@ class EmbeddingJob:
     def __init__(self, inputs: list[list[int]]) -> None:
         self.inputs = inputs
         self.prompt_tokens = sum(len(tokens) for tokens in inputs)
+
+    @property
+    def prefix(self) -> list[int]:
+        return self.inputs[0]
 
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
         for index, tokens in enumerate(self.inputs):

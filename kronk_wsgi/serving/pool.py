@@ -10,12 +10,11 @@ model), and, least recently used first, when another model needs room under
 
 import contextlib
 import time
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 import gevent
 import gevent.event
 import gevent.lock
-import gevent.queue
 import structlog
 from gevent.threadpool import ThreadPool
 
@@ -30,6 +29,9 @@ log = structlog.get_logger("kronk_wsgi.pool")
 
 # How often a waiting request looks at its client's socket.
 CLIENT_POLL_SECONDS = 0.5
+
+# A slot is a prompt's own when the prompt continues at least this share of the slot's cached tokens.
+SIMILARITY = 0.5
 
 
 class UnknownModel(LookupError):
@@ -77,6 +79,15 @@ class Lease:
             self._model.unclaim()
 
 
+def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class LoadedModel:
     """A model with PARALLEL slots, a worker thread per slot, and admission places.
 
@@ -101,10 +112,39 @@ class LoadedModel:
         self.created = int(time.time())
         self.threads = ThreadPool(len(slots))
         self.tokenizer = ThreadPool(1)
-        self.free_slots: gevent.queue.Queue = gevent.queue.Queue()
-        for slot in slots:
-            self.free_slots.put(slot)
+        self._free_slots = list(slots)
+        self._slot_freed = gevent.lock.Semaphore(len(slots))
+        self._freed_at: dict[int, float] = {}  # when each slot was last given back
         self._places = gevent.lock.BoundedSemaphore(places)
+
+    @property
+    def free_slot_count(self) -> int:
+        return len(self._free_slots)
+
+    def take_slot(self, prompt: Sequence[int], timeout: float) -> Optional[Slot]:
+        """A free slot, waiting up to ``timeout``; None if none came free.
+
+        Of the free slots, the one whose cache ``prompt`` continues furthest
+        (sharing at least half of what the slot holds: a later turn of its
+        conversation), so only the new tokens are evaluated; if none, the one
+        unused longest, so other conversations' caches stay for their next turn.
+        """
+        if not self._slot_freed.acquire(timeout=timeout):
+            return None
+
+        def fit(slot: Slot) -> tuple[int, float]:
+            shared = _shared_prefix(slot.cached, prompt)
+            continues = bool(slot.cached) and shared >= SIMILARITY * len(slot.cached)
+            return (shared if continues else 0), -self._freed_at.get(id(slot), 0.0)
+
+        best = max(self._free_slots, key=fit)
+        self._free_slots.remove(best)
+        return best
+
+    def give_back(self, slot: Slot) -> None:
+        self._freed_at[id(slot)] = time.monotonic()
+        self._free_slots.append(slot)
+        self._slot_freed.release()
 
     def claim(self) -> None:
         self.users += 1
@@ -261,6 +301,7 @@ class ModelPool:
         budget = self.settings.max_memory_mb
         if budget is not None and memory > budget * 1e6:
             self.metrics.model_events.labels(model_id, "refused_never_fits").inc()
+            log.warning("model refused", model=model_id, reason="never_fits", memory_mb=round(memory / 1e6))
             raise NeverFits(f"model {model_id!r} needs about {memory / 1e6:.0f} MB (its file and KV cache), "
                             f"more than max_memory_mb ({budget})")
 
@@ -275,6 +316,7 @@ class ModelPool:
             if not idle:
                 self.metrics.model_events.labels(model_id, "refused_no_room").inc()
                 busy = ", ".join(sorted(self._loaded))
+                log.warning("model refused", model=model_id, reason="no_room", in_use=busy)
                 raise NoRoom(f"model {model_id!r} cannot be loaded now: the loaded models ({busy}) are in use")
             self.unload(idle[0].id, "room")
 
@@ -296,4 +338,4 @@ class ModelPool:
             spec.chat_template, engine.chat_template, tokenizer.token_text(tokenizer.bos_id),
             tokenizer.token_text(tokenizer.eos_id), tokenizer.control,
         )
-        return engine, template, [engine.new_slot(self.settings.effective_threads) for _ in range(self.settings.parallel)]
+        return engine, template, engine.new_slots(self.settings.parallel, self.settings.effective_threads)

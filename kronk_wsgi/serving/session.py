@@ -10,7 +10,6 @@ import inspect
 import time
 from typing import Callable, Generator, Iterator, Optional
 
-import gevent.queue
 import structlog
 
 from ..engine.base import Cancelled, Slot
@@ -140,7 +139,7 @@ class Session:
 
     def _release(self, slot: Optional[Slot]) -> None:
         if slot is not None:
-            self.model.free_slots.put(slot)
+            self.model.give_back(slot)
         self.lease.release()
 
     def _wait_for_slot(self) -> Iterator[Event]:
@@ -159,10 +158,9 @@ class Session:
                 yield KEEPALIVE
                 quiet_since = now
             wait = min(CLIENT_POLL_SECONDS, self.deadline - now, self.keepalive - (now - quiet_since))
-            try:
-                return self.model.free_slots.get(timeout=max(wait, 0))
-            except gevent.queue.Empty:
-                continue
+            slot = self.model.take_slot(self.job.prefix, max(wait, 0))
+            if slot is not None:
+                return slot
 
     def _relay(self, channel: ThreadChannel, cancel: _Cancel) -> Iterator[Event]:
         """Pass the worker's events on, with keep-alives, deadline and disconnect checks."""

@@ -28,7 +28,7 @@ class FaultySlot(CTransformersSlot):
         self.fail_after = int(os.environ.get("KRONK_TEST_FAIL_AFTER", "-1"))
         self.prompt_length = 0
 
-    def prefill(self, tokens, cancelled=lambda: False, chunk=32):
+    def prefill(self, tokens, cancelled=lambda: False, chunk=None):
         self.prompt_length = len(tokens)
         return super().prefill(tokens, cancelled, chunk=8 if self.prefill_delay else chunk)
 

@@ -22,7 +22,7 @@ FREE = "<<free>>"
 class ScriptedSlot(CTransformersSlot):
     tokenizer = None  # set by ScriptedEngine
 
-    def prefill(self, tokens, cancelled=lambda: False, chunk=32):
+    def prefill(self, tokens, cancelled=lambda: False, chunk=None):
         self._start = len(tokens)
         script = Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text()
         self._free = script.endswith(FREE)
@@ -50,7 +50,8 @@ class ScriptedSlot(CTransformersSlot):
 class ScriptedEngine(CTransformersEngine):
     slot_class = ScriptedSlot
 
-    def new_slot(self, threads: int) -> ScriptedSlot:
-        slot = super().new_slot(threads)
-        slot.tokenizer = self.tokenizer
-        return slot
+    def new_slots(self, count: int, threads: int) -> list[ScriptedSlot]:
+        slots = super().new_slots(count, threads)
+        for slot in slots:
+            slot.tokenizer = self.tokenizer
+        return slots

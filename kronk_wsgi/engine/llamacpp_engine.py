@@ -1,0 +1,224 @@
+"""The llama.cpp engine: today's llama.cpp through llama-cpp-python's low-level API.
+
+It runs every model family llama.cpp runs. All slots of a model are
+sequences of one llama.cpp context; their decode calls are batched: while one
+call runs, the calls other slots make wait, and the next call takes them all
+(a new prompt's chunk with the running streams' next tokens), so N streams
+cost about one call per step instead of N. Tokenizing, sampling and stopping
+stay kronk_wsgi's: the engine takes token ids and gives logits.
+
+Needs the optional extra ``kronk_wsgi[llamacpp]`` (llama-cpp-python, built
+from source when installed).
+"""
+
+import ctypes
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+from gevent import monkey
+
+from .base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError, Slot
+from .gguf_file import read_gguf
+from .tokenizer import GGUFTokenizer
+
+try:
+    import llama_cpp
+except ImportError:  # the extra is not installed
+    llama_cpp = None
+
+# Engine calls run in real OS threads; under gevent's monkey-patching the threading
+# module makes greenlets and greenlet locks, so these are taken from before it.
+_allocate_lock = monkey.get_original("_thread", "allocate_lock")
+
+BATCH = 512  # tokens in one decode call: a prompt chunk plus the other slots' next tokens
+
+
+def available() -> bool:
+    return llama_cpp is not None
+
+
+_quiet = None  # the log callback that drops llama.cpp's messages (it logs every load to stderr otherwise)
+
+
+def _start_backend() -> None:
+    global _quiet
+    if _quiet is None:
+        _quiet = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(_quiet, ctypes.c_void_p())
+        llama_cpp.llama_backend_init()
+
+
+class _Call:
+    """One slot's tokens waiting for a decode call, and what the call gives back."""
+
+    def __init__(self, seq: int, tokens: Sequence[int], n_past: int) -> None:
+        self.seq, self.tokens, self.n_past = seq, tokens, n_past
+        self.logits: Optional[np.ndarray] = None
+        self.embedding: Optional[np.ndarray] = None
+        self.error: Optional[str] = None
+        self.leads = False  # woken to make the next calls, not because its own is done
+        self.done = _allocate_lock()
+        self.done.acquire()  # released when the call is over, or when it is to lead
+
+
+class _Batcher:
+    """Makes the decode calls of one context, each with every slot's waiting tokens.
+
+    The first slot thread to arrive while no call runs leads: it makes calls,
+    each for everyone waiting by then, until its own tokens are done, then
+    hands the lead to the first thread still waiting (if any) and goes back to
+    its own work. A waiting thread sleeps until its tokens are done or it leads.
+    """
+
+    def __init__(self, ctx, n_vocab: int, n_embd: int, seqs: int) -> None:
+        self._ctx = ctx
+        self._n_vocab = n_vocab
+        self._n_embd = n_embd
+        self._lock = _allocate_lock()
+        self._waiting: list[_Call] = []
+        self._busy = False
+        self._batch = llama_cpp.llama_batch_init(BATCH + seqs, 0, 1)
+        self.calls = 0  # decode calls made (for tests and benchmarks)
+
+    def decode(self, call: _Call) -> None:
+        with self._lock:
+            self._waiting.append(call)
+            lead = not self._busy
+            self._busy = True
+        if not lead:
+            call.done.acquire()
+            if not call.leads:
+                return
+        while True:
+            with self._lock:
+                taken, size = [], 0
+                while self._waiting and (not taken or size + len(self._waiting[0].tokens) <= BATCH):
+                    size += len(self._waiting[0].tokens)
+                    taken.append(self._waiting.pop(0))
+            self._run(taken)
+            for other in taken:
+                if other is not call:
+                    other.done.release()
+            if call in taken:
+                break
+        with self._lock:
+            successor = self._waiting[0] if self._waiting else None
+            self._busy = successor is not None
+        if successor is not None:
+            successor.leads = True
+            successor.done.release()
+
+    def _run(self, calls: list[_Call]) -> None:
+        batch = self._batch
+        n = 0
+        last = []
+        for call in calls:
+            for i, token in enumerate(call.tokens):
+                batch.token[n] = token
+                batch.pos[n] = call.n_past + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = call.seq
+                batch.logits[n] = i == len(call.tokens) - 1
+                n += 1
+            last.append(n - 1)
+        batch.n_tokens = n
+        self.calls += 1
+        status = llama_cpp.llama_decode(self._ctx, batch)
+        for call, index in zip(calls, last):
+            if status != 0:
+                call.error = f"llama_decode failed with status {status}"
+                continue
+            logits = llama_cpp.llama_get_logits_ith(self._ctx, index)
+            call.logits = np.ctypeslib.as_array(logits, shape=(self._n_vocab,)).copy()
+            embedding = llama_cpp.llama_get_embeddings_ith(self._ctx, index)
+            if embedding:
+                call.embedding = np.ctypeslib.as_array(embedding, shape=(self._n_embd,)).copy()
+
+
+class LlamaCppSlot(Slot):
+    """One sequence of the model's shared context."""
+
+    prefill_chunk = 256  # llama.cpp's prefill is fastest in large chunks; a cancel is still seen within 0.5 s
+
+    def __init__(self, engine: "LlamaCppEngine", seq: int) -> None:
+        super().__init__()
+        self._engine = engine
+        self._seq = seq
+        self._kv_end = 0  # positions held in the KV cache for this sequence
+        self._logits: Optional[np.ndarray] = None
+        self._embedding: Optional[np.ndarray] = None
+
+    def _eval(self, tokens: Sequence[int], n_past: int) -> None:
+        if n_past < self._kv_end:  # a shorter prefix is reused: drop the rest of the old sequence
+            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
+        call = _Call(self._seq, tokens, n_past)
+        self._kv_end = n_past
+        self._engine._batcher.decode(call)
+        if call.error:
+            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
+            raise EngineError(call.error)
+        self._kv_end = n_past + len(tokens)
+        self._logits, self._embedding = call.logits, call.embedding
+
+    def logits(self) -> np.ndarray:
+        return self._logits.copy()
+
+    def embedding(self) -> np.ndarray:
+        if self._embedding is None:
+            raise EngineError("this model gives no embeddings")
+        return self._embedding.copy()
+
+
+class LlamaCppEngine(Engine):
+    """A GGUF file loaded by llama.cpp; its slots share one context, one sequence each."""
+
+    def __init__(self, name: str, path: Path, context_length: Optional[int] = None, model_type: Optional[str] = None,
+                 gpu_layers: int = 0):
+        if llama_cpp is None:
+            raise EngineError("the llama.cpp engine needs llama-cpp-python: pip install 'kronk_wsgi[llamacpp]'")
+        self.name = name
+        model = read_gguf(path)
+        self.tokenizer = GGUFTokenizer(model)
+        self.chat_template = model.chat_template
+        self.context_length = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
+        _start_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise EngineError(f"llama.cpp could not load {path.name}")
+        vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        if self._n_vocab != self.tokenizer.vocab_size:
+            raise EngineError(f"{path.name}: llama.cpp's vocabulary differs from the file's tokenizer")
+        self._n_embd = llama_cpp.llama_model_n_embd(self._model)
+        self._ctx = None
+
+    def new_slots(self, count: int, threads: int) -> list[LlamaCppSlot]:
+        """``count`` sequences of one context; its decode calls use every slot's threads, as they serve them all."""
+        if self._ctx is not None:
+            raise EngineError("this engine's slots are made once")
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = self.context_length * count
+        params.n_seq_max = count
+        params.n_batch = params.n_ubatch = BATCH + count
+        params.n_threads = params.n_threads_batch = threads * count
+        params.embeddings = True
+        params.kv_unified = False  # each sequence its own part of the cache: context_length tokens
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            raise EngineError(f"llama.cpp could not make a context of {params.n_ctx} tokens")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batcher = _Batcher(self._ctx, self._n_vocab, self._n_embd, count)
+        return [LlamaCppSlot(self, seq) for seq in range(count)]
+
+    def __del__(self) -> None:
+        if llama_cpp is None:
+            return
+        if getattr(self, "_batcher", None) is not None:
+            llama_cpp.llama_batch_free(self._batcher._batch)
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_free(self._ctx)
+        if getattr(self, "_model", None):
+            llama_cpp.llama_model_free(self._model)

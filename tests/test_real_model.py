@@ -6,6 +6,7 @@ SmolLM2's Hugging Face tokenizer.json is (byte-level BPE, single digits).
 """
 
 import hashlib
+import json
 import time
 
 import gguf
@@ -124,10 +125,9 @@ def unsupported(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(smollm2, tiny_model, unsupported, tmp_path_factory):
-    env = {
-        "KRONK_MODELS": f"smollm2={smollm2},tiny={tiny_model},qwen={unsupported}",
-        "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_THREADS": "2",
-    }
+    models = {"smollm2": {"path": str(smollm2)}, "tiny": {"path": str(tiny_model)},
+              "qwen": {"path": str(unsupported), "engine": "ctransformers"}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_THREADS": "2"}
     with run_server(tmp_path_factory.mktemp("real"), env) as s:
         yield s
 
@@ -199,7 +199,8 @@ def test_unsupported_architecture_is_refused_and_the_worker_serves_on(server):
 
 
 def test_unsupported_default_model_is_refused_at_start_up(tiny_model, unsupported, tmp_path):
-    env = {"KRONK_MODELS": f"qwen={unsupported},tiny={tiny_model}", "KRONK_DEFAULT_MODEL": "qwen"}
+    models = {"qwen": {"path": str(unsupported), "engine": "ctransformers"}, "tiny": {"path": str(tiny_model)}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "qwen"}
     with run_server(tmp_path, env, ready="/v1/liveness") as server:
         deadline = time.monotonic() + 60
         while (readiness := requests.get(server.url + "/v1/readiness", timeout=5).json())["status"] == "loading":

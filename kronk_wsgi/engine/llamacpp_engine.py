@@ -11,6 +11,7 @@ Needs the optional extra ``kronk_wsgi[llamacpp]`` (llama-cpp-python, built
 from source when installed).
 """
 
+import collections
 import ctypes
 from pathlib import Path
 from typing import Optional, Sequence
@@ -30,30 +31,49 @@ except ImportError:  # the extra is not installed
 # Engine calls run in real OS threads; under gevent's monkey-patching the threading
 # module makes greenlets and greenlet locks, so these are taken from before it.
 _allocate_lock = monkey.get_original("_thread", "allocate_lock")
+_sleep = monkey.get_original("time", "sleep")
+_monotonic = monkey.get_original("time", "monotonic")
 
-BATCH = 512  # tokens in one decode call: a prompt chunk plus the other slots' next tokens
+BATCH = 512  # tokens in one decode call: prompt chunks plus the other slots' next tokens
+# How long a call waits for the slots of the last call to come back with their next tokens
+# (they sample in between): long enough for sampling, short against a decode step.
+GATHER_SECONDS = 0.01
 
 
 def available() -> bool:
     return llama_cpp is not None
 
 
-_quiet = None  # the log callback that drops llama.cpp's messages (it logs every load to stderr otherwise)
+_log_callback = None  # keeps llama.cpp's messages from stderr (it logs every load there otherwise)
+_errors: collections.deque = collections.deque(maxlen=4)  # its latest error messages, for our own errors
+LOG_ERROR = 4  # ggml's log level of errors
+
+
+def _keep_errors(level: int, text: bytes, user_data) -> None:
+    if level == LOG_ERROR and text.strip():
+        _errors.append(text.decode("utf-8", "replace").strip())
 
 
 def _start_backend() -> None:
-    global _quiet
-    if _quiet is None:
-        _quiet = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
-        llama_cpp.llama_log_set(_quiet, ctypes.c_void_p())
+    global _log_callback
+    if _log_callback is None:
+        _log_callback = llama_cpp.llama_log_callback(_keep_errors)
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
         llama_cpp.llama_backend_init()
+
+
+def _failure(what: str) -> EngineError:
+    said = "; ".join(_errors)
+    _errors.clear()
+    return EngineError(what + (f" (llama.cpp: {said})" if said else ""))
 
 
 class _Call:
     """One slot's tokens waiting for a decode call, and what the call gives back."""
 
-    def __init__(self, seq: int, tokens: Sequence[int], n_past: int) -> None:
+    def __init__(self, seq: int, tokens: Sequence[int], n_past: int, embedding: bool = False) -> None:
         self.seq, self.tokens, self.n_past = seq, tokens, n_past
+        self.wants_embedding = embedding
         self.logits: Optional[np.ndarray] = None
         self.embedding: Optional[np.ndarray] = None
         self.error: Optional[str] = None
@@ -69,6 +89,9 @@ class _Batcher:
     each for everyone waiting by then, until its own tokens are done, then
     hands the lead to the first thread still waiting (if any) and goes back to
     its own work. A waiting thread sleeps until its tokens are done or it leads.
+    Before a call, the leader gives the slots of the previous call a moment
+    to come back (they sample their next token meanwhile): the streams of a
+    model then advance together, one call per step.
     """
 
     def __init__(self, ctx, n_vocab: int, n_embd: int, seqs: int) -> None:
@@ -79,6 +102,8 @@ class _Batcher:
         self._waiting: list[_Call] = []
         self._busy = False
         self._batch = llama_cpp.llama_batch_init(BATCH + seqs, 0, 1)
+        self._last_round: set[int] = set()  # the sequences of the previous call
+        self._embeddings = False
         self.calls = 0  # decode calls made (for tests and benchmarks)
 
     def decode(self, call: _Call) -> None:
@@ -91,6 +116,7 @@ class _Batcher:
             if not call.leads:
                 return
         while True:
+            self._gather()
             with self._lock:
                 taken, size = [], 0
                 while self._waiting and (not taken or size + len(self._waiting[0].tokens) <= BATCH):
@@ -109,7 +135,22 @@ class _Batcher:
             successor.leads = True
             successor.done.release()
 
+    def _gather(self) -> None:
+        """Wait (briefly) until the sequences of the previous call are back, or the batch is full."""
+        deadline = _monotonic() + GATHER_SECONDS
+        while _monotonic() < deadline:
+            with self._lock:
+                waiting = {call.seq for call in self._waiting}
+                if self._last_round <= waiting or sum(len(c.tokens) for c in self._waiting) >= BATCH:
+                    return
+            _sleep(0.0002)
+
     def _run(self, calls: list[_Call]) -> None:
+        self._last_round = {call.seq for call in calls}
+        embeddings = any(call.wants_embedding for call in calls)
+        if embeddings != self._embeddings:  # embeddings cost a quarter of prefill speed: only when asked for
+            llama_cpp.llama_set_embeddings(self._ctx, embeddings)
+            self._embeddings = embeddings
         batch = self._batch
         n = 0
         last = []
@@ -131,7 +172,7 @@ class _Batcher:
                 continue
             logits = llama_cpp.llama_get_logits_ith(self._ctx, index)
             call.logits = np.ctypeslib.as_array(logits, shape=(self._n_vocab,)).copy()
-            embedding = llama_cpp.llama_get_embeddings_ith(self._ctx, index)
+            embedding = llama_cpp.llama_get_embeddings_ith(self._ctx, index) if embeddings else None
             if embedding:
                 call.embedding = np.ctypeslib.as_array(embedding, shape=(self._n_embd,)).copy()
 
@@ -139,7 +180,9 @@ class _Batcher:
 class LlamaCppSlot(Slot):
     """One sequence of the model's shared context."""
 
-    prefill_chunk = 256  # llama.cpp's prefill is fastest in large chunks; a cancel is still seen within 0.5 s
+    # Measured on SmolLM2 at two threads, 64 to 256 tokens per call prefill at the same speed
+    # (~175 tokens/s, within noise); 64 lets a cancel be seen within about 0.4 s.
+    prefill_chunk = 64
 
     def __init__(self, engine: "LlamaCppEngine", seq: int) -> None:
         super().__init__()
@@ -149,10 +192,10 @@ class LlamaCppSlot(Slot):
         self._logits: Optional[np.ndarray] = None
         self._embedding: Optional[np.ndarray] = None
 
-    def _eval(self, tokens: Sequence[int], n_past: int) -> None:
+    def _eval(self, tokens: Sequence[int], n_past: int, embedding: bool = False) -> None:
         if n_past < self._kv_end:  # a shorter prefix is reused: drop the rest of the old sequence
             llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
-        call = _Call(self._seq, tokens, n_past)
+        call = _Call(self._seq, tokens, n_past, embedding)
         self._kv_end = n_past
         self._engine._batcher.decode(call)
         if call.error:
@@ -165,6 +208,10 @@ class LlamaCppSlot(Slot):
         return self._logits.copy()
 
     def embedding(self) -> np.ndarray:
+        """The last token evaluated once more, with embeddings on (they slow every other call down)."""
+        if self._embedding is None:
+            last = len(self.cached) - 1
+            self._eval(self.cached[last:], last, embedding=True)
         if self._embedding is None:
             raise EngineError("this model gives no embeddings")
         return self._embedding.copy()
@@ -185,9 +232,10 @@ class LlamaCppEngine(Engine):
         _start_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = gpu_layers
+        _errors.clear()
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
-            raise EngineError(f"llama.cpp could not load {path.name}")
+            raise _failure(f"llama.cpp could not load {path.name}")
         vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         if self._n_vocab != self.tokenizer.vocab_size:
@@ -204,11 +252,13 @@ class LlamaCppEngine(Engine):
         params.n_seq_max = count
         params.n_batch = params.n_ubatch = BATCH + count
         params.n_threads = params.n_threads_batch = threads * count
-        params.embeddings = True
-        params.kv_unified = False  # each sequence its own part of the cache: context_length tokens
+        params.embeddings = False
+        # One cache for all sequences: two streams decode at 99 tokens/s together where split caches gave 50
+        # (SmolLM2, 2 threads). kronk_wsgi holds each sequence to context_length, so they fit.
+        params.kv_unified = True
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
-            raise EngineError(f"llama.cpp could not make a context of {params.n_ctx} tokens")
+            raise _failure(f"llama.cpp could not make a context of {params.n_ctx} tokens")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batcher = _Batcher(self._ctx, self._n_vocab, self._n_embd, count)
         return [LlamaCppSlot(self, seq) for seq in range(count)]

@@ -124,3 +124,34 @@ def test_slots_share_decode_calls(smollm2):
     calls = engine._batcher.calls
     # Alone, each stream would make one call per token after its prefill: 3 x (24 - 1) decode calls.
     assert calls < 3 * (steps - 1), calls
+
+
+def test_a_long_prefill_rides_along_with_a_running_stream(smollm2):
+    """A new prompt's chunks go into the calls that carry the running stream's tokens: the stream is never
+    held up for more than one chunk, and the prefill costs no calls of its own while the stream runs."""
+    engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=2048)
+    running, joining = engine.new_slots(2, 1)
+    tokenizer = engine.tokenizer
+    no_end = tuple((t, -100.0) for t in tokenizer.end_ids)
+    long_prompt = tokenizer.prompt(" ".join(f"item {i}" for i in range(600)))
+    chunks = -(-len(long_prompt) // running.prefill_chunk)
+    steps = chunks + 10  # the stream outlasts the prefill
+    started = threading.Event()
+
+    def stream():
+        generation = Generation(running, tokenizer.prompt("Count slowly:"), tokenizer=tokenizer,
+                                end_ids=tokenizer.end_ids, max_tokens=steps, context_length=2048,
+                                sampling=SamplingParams(temperature=0, logit_bias=no_end))
+        for _ in generation:
+            started.set()
+        return generation.completion_tokens
+
+    with ThreadPoolExecutor(2) as pool:
+        produced = pool.submit(stream)
+        started.wait(60)
+        before = engine._batcher.calls
+        joining.prefill(long_prompt)
+        during = engine._batcher.calls - before
+        assert produced.result() == steps
+    # Alone, the prefill would take `chunks` calls and the stream one call per token: together they share them.
+    assert during <= chunks + 2, (during, chunks)

@@ -144,3 +144,19 @@ def test_the_json_format_starts_after_the_thinking(thinker):
     message = thinker.post("/v1/chat/completions", body).json()["choices"][0]["message"]
     assert message["reasoning_content"] == "Let me answer in JSON."
     assert json.loads(message["content"]) == {"city": "Paris"}
+
+
+def test_anthropic_budget_tokens_closes_the_thinking(thinker):
+    # The script starts the thinking; then the random model thinks on, and would never close the block.
+    thinker.say("Let me think.<<endless>>")
+    body = {"model": "opens", "max_tokens": 1400, "messages": ASK,
+            "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    message = thinker.post("/v1/messages", body).json()
+    thinking, text = message["content"][0], message["content"][-1]
+    assert thinking["type"] == "thinking" and thinking["thinking"].startswith("Let me think.")
+    assert text["type"] == "text" and text["text"]  # the answer came after the forced </think>
+    # The thinking took about the budget of the 1400 tokens written (its text, tokenized again, may come out
+    # a few tokens apart from the tokens generated); the answer took the rest.
+    counted = thinker.post("/v1/tokenize", {"model": "opens", "text": thinking["thinking"], "add_special": False})
+    assert 1000 <= counted.json()["count"] <= 1050 and message["usage"]["output_tokens"] == 1400
+    assert "</think>" not in thinking["thinking"] + text["text"]

@@ -170,8 +170,8 @@ class CountTokensRequest(Strict):
     system: Union[str, list[TextBlock], None] = None
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[ToolChoice] = None
-    # Switches thinking on or off where the model's chat template can (``enable_thinking``); thinking
-    # text is not yet told apart from the answer, and budget_tokens does not cut it short.
+    # Switches thinking on or off where the model's chat template can (``enable_thinking``);
+    # budget_tokens closes the thinking where the template opens it in the prompt.
     thinking: Optional[Thinking] = None
 
     @pydantic.model_validator(mode="after")
@@ -253,6 +253,7 @@ def messages():
         body.model,
         messages=body.template_messages(),
         thinking=body.thinking_switch(),
+        thinking_budget=body.thinking.budget_tokens if isinstance(body.thinking, ThinkingEnabled) else None,
         prompt_param="messages",
         tools=body.template_tools(),
         strict_tools=body.strict_tools(),

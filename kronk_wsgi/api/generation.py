@@ -106,6 +106,7 @@ def start_generation(
     messages: Optional[list[dict]] = None,
     prompts: Sequence[Union[str, list[int]]] = (),
     thinking: Optional[bool] = None,
+    thinking_budget: Optional[int] = None,
     prompt_param: str,
     n: int = 1,
     tools: Optional[list[dict]] = None,
@@ -125,7 +126,8 @@ def start_generation(
     The prompt is chat ``messages`` rendered by the model's template, or else
     each of the raw ``prompts`` (text, or token ids taken as they are); each
     gets ``n`` replies. ``thinking`` switches a reasoning model's thinking on
-    or off where its template can; its thinking is told apart from its answer.
+    or off where its template can; its thinking is told apart from its answer,
+    and closed after ``thinking_budget`` tokens where the template opens it.
     With ``tools``, tool calls are parsed out of the reply unless
     ``tool_choice`` is "none"; "required" (or a ``tool_name``) starts the
     reply inside a tool call whose arguments are constrained to the tool's
@@ -188,6 +190,7 @@ def start_generation(
             max_tokens=max_tokens or context - max(map(len, token_lists)), sampling=params, stop=stop,
             tool_rules=rules, reply_start=reply_start, one_tool_call=one_tool_call,
             reasoning=reasoning, inside_thinking=inside_thinking, grammar=grammar, grammar_after=grammar_after,
+            thinking_budget=thinking_budget,
             top_logprobs=top_logprobs,
         )
 

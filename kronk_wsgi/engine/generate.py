@@ -8,6 +8,8 @@ import codecs
 import dataclasses
 from typing import Callable, Iterator, Optional, Sequence
 
+import numpy as np
+
 from .base import Cancelled, Slot
 from .grammar import Constraint
 from .sampling import Sampler, SamplingParams, logprobs
@@ -67,7 +69,9 @@ class Generation:
     With a ``constraint`` only tokens it allows are sampled, and generation
     stops when its grammar is complete; with ``constrain_after`` too, the
     constraint starts once the text has reached that text (the end of a
-    reasoning model's thinking). With ``top_logprobs`` (0 or more),
+    reasoning model's thinking). A reply that starts inside a thinking block
+    ended by ``thinking_close`` is made to close it after ``thinking_budget``
+    tokens: the tag's tokens are forced then. With ``top_logprobs`` (0 or more),
     each sampled token is added to ``sampled`` with its log probability; the
     caller takes them as the text they make comes out. ``choice`` numbers the
     replies to one prompt: each draws its own random numbers.
@@ -93,6 +97,8 @@ class Generation:
         cancelled: Callable[[], bool] = lambda: False,
         constraint: Optional[Constraint] = None,
         constrain_after: str = "",
+        thinking_close: str = "",
+        thinking_budget: Optional[int] = None,
         top_logprobs: Optional[int] = None,
         choice: int = 0,
     ) -> None:
@@ -108,6 +114,8 @@ class Generation:
         self.cancelled = cancelled
         self.constraint = constraint
         self.constrain_after = constrain_after
+        self.thinking_close = thinking_close
+        self.thinking_budget = thinking_budget
         self.top_logprobs = top_logprobs
         self.choice = choice
         self.sampled: list[SampledToken] = []
@@ -115,6 +123,11 @@ class Generation:
         self.cached_tokens = 0
         self.finish_reason = ""
         self.stop_sequence: Optional[str] = None
+
+    def _tokens_of(self, tag: str) -> list[int]:
+        """A tag's tokens: its control token if it is one, else its text's."""
+        control = self.tokenizer.control.get(tag)
+        return [control] if control is not None else self.tokenizer.continuation(tag)
 
     def __iter__(self) -> Iterator[str]:
         slot = self.slot
@@ -124,9 +137,19 @@ class Generation:
         stops = StopScanner(self.stop)
         constraint = None if self.constrain_after else self.constraint
         recent = ""  # the end of the text, while the constraint waits for constrain_after
+        thinking = bool(self.thinking_close) and self.thinking_budget is not None
+        thought = ""  # the end of the thinking so far, to see its closing tag
+        closing: list[int] = []  # the closing tag's tokens, forced once the budget is spent
         while True:
             logits = slot.logits()
-            token = sampler.sample(logits, constraint.allowed() if constraint else None)
+            allowed = constraint.allowed() if constraint else None
+            if thinking and not closing and self.completion_tokens >= self.thinking_budget:
+                closing = self._tokens_of(self.thinking_close)
+            if closing:
+                allowed = np.zeros(len(logits), dtype=bool)
+                allowed[closing.pop(0)] = True
+                thinking = bool(closing)
+            token = sampler.sample(logits, allowed)
             if token in self.end_ids:
                 self.finish_reason = "stop"
                 break
@@ -135,6 +158,9 @@ class Generation:
                 logprob, top = logprobs(logits, token, self.top_logprobs)
                 self.sampled.append(SampledToken(token, logprob, tuple(top)))
             piece = self.tokenizer.token_text(token).encode() if token in self.shown else self.tokenizer.piece(token)
+            if thinking and not closing:
+                thought = (thought + piece.decode("utf-8", "replace"))[-len(self.thinking_close):]
+                thinking = thought != self.thinking_close
             if constraint:
                 constraint.take(token)
             elif self.constraint:

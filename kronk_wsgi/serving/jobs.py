@@ -47,7 +47,9 @@ class GenerationJob:
     forced tool call): the tool-call parser reads it first. With
     ``one_tool_call`` a reply ends at its first tool call. A ``grammar``
     constrains every reply, from where its text reaches ``grammar_after`` if
-    that is given (the end of the thinking, a tool call's opening tag); ``top_logprobs`` (0 or more) reports each
+    that is given (the end of the thinking, a tool call's opening tag). A
+    ``thinking_budget`` closes the thinking after that many tokens, where the
+    prompt opened it; ``top_logprobs`` (0 or more) reports each
     generated token's log probability.
     """
 
@@ -68,6 +70,7 @@ class GenerationJob:
         inside_thinking: bool = False,
         grammar: Optional[Grammar] = None,
         grammar_after: str = "",
+        thinking_budget: Optional[int] = None,
         top_logprobs: Optional[int] = None,
     ) -> None:
         self.prompts = prompts
@@ -85,6 +88,7 @@ class GenerationJob:
         self.inside_thinking = inside_thinking
         self.grammar = grammar
         self.grammar_after = grammar_after
+        self.thinking_budget = thinking_budget
         self.top_logprobs = top_logprobs
         self._generations: list[Generation] = []
 
@@ -105,6 +109,8 @@ class GenerationJob:
                 max_tokens=self.max_tokens, context_length=context_length, sampling=self.sampling,
                 stop=self.stop, cancelled=cancelled, constraint=self.grammar.constraint() if self.grammar else None,
                 constrain_after=self.grammar_after,
+                thinking_close=self.reasoning.close if self.reasoning and self.inside_thinking else "",
+                thinking_budget=self.thinking_budget,
                 top_logprobs=self.top_logprobs, choice=choice,
             )
             self._generations.append(generation)

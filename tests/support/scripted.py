@@ -4,7 +4,8 @@ At each prompt the slot reads the file named by KRONK_TEST_SCRIPT_FILE and
 forces its bytes one by one, then EOS: only the tokens of the next byte keep
 their logits (a byte may have two tokens: its byte token and a plain one; a
 grammar may allow only one of them). A script that ends with FREE leaves the
-model free after its text: the real logits follow.
+model free after its text: the real logits follow; with ENDLESS, the real logits
+but EOS, so the model writes on until max_tokens (or until the server ends it).
 Tokenizing, prefill, decoding and detokenizing stay the real engine's. Used
 to make the model write tool calls, which a random tiny model never does.
 """
@@ -17,6 +18,7 @@ import numpy as np
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine, CTransformersSlot
 
 FREE = "<<free>>"
+ENDLESS = "<<endless>>"
 
 
 class ScriptedSlot(CTransformersSlot):
@@ -25,8 +27,9 @@ class ScriptedSlot(CTransformersSlot):
     def prefill(self, tokens, cancelled=lambda: False, chunk=None):
         self._start = len(tokens)
         script = Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text()
-        self._free = script.endswith(FREE)
-        self._script = self._tokens(script.removesuffix(FREE))
+        self._endless = script.endswith(ENDLESS)
+        self._free = script.endswith(FREE) or self._endless
+        self._script = self._tokens(script.removesuffix(FREE).removesuffix(ENDLESS))
         return super().prefill(tokens, cancelled, chunk)
 
     def _tokens(self, text: str) -> list[list[int]]:
@@ -40,6 +43,8 @@ class ScriptedSlot(CTransformersSlot):
         real = super().logits()
         step = len(self.cached) - self._start
         if self._free and step >= len(self._script):
+            if self._endless:
+                real[self.tokenizer.eos_id] = -np.inf
             return real
         step = min(step, len(self._script) - 1)
         forced = np.full_like(real, -np.inf)

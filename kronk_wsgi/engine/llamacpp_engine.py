@@ -160,7 +160,11 @@ class _Batcher:
                 while self._waiting and (not taken or size + len(self._waiting[0].tokens) <= BATCH):
                     size += len(self._waiting[0].tokens)
                     taken.append(self._waiting.pop(0))
-            self._run(taken)
+            try:
+                self._run(taken)
+            except Exception as exc:  # every waiting thread hears of it: none may sleep for ever
+                for failed in taken:
+                    failed.error = f"llama_decode raised {exc!r}"
             for other in taken:
                 if other is not call:
                     other.done.release()

@@ -89,19 +89,30 @@ def test_the_second_turn_evaluates_only_the_new_tokens(server):
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
 
 
-def test_concurrent_streams_give_each_ones_own_greedy_text(server):
-    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
-    questions = ["What is the capital of France?", "What is 2 + 2?", "Name a primary color."]
+def test_concurrent_streams_each_get_their_own_answer(server):
+    """Three questions at once, on two slots: each reply answers its own question, as it does alone.
 
-    def ask(question):
-        reply = client.chat.completions.create(model="smollm2", temperature=0, max_tokens=16,
-                                               messages=[SYSTEM, {"role": "user", "content": question}])
+    Replies are compared by their facts, not token by token: llama.cpp's numerics depend on the batch
+    a token is decoded in (as in llama-server), and after a few tokens of a close call, a greedy reply
+    decoded beside another can take another word than alone (seen in CI: "think of it in terms of"
+    against "think about the structure of").
+    """
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    capitals = {"France": "Paris", "Japan": "Tokyo", "Germany": "Berlin"}
+
+    def ask(country):
+        reply = client.chat.completions.create(
+            model="smollm2", temperature=0, max_tokens=16,
+            messages=[SYSTEM, {"role": "user", "content": f"What is the capital of {country}?"}])
         return reply.choices[0].message.content
 
-    alone = [ask(q) for q in questions]
+    alone = [ask(country) for country in capitals]
     with ThreadPoolExecutor(3) as pool:
-        together = list(pool.map(ask, questions))
-    assert together == alone
+        together = list(pool.map(ask, capitals))
+    for country, reply_alone, reply_together in zip(capitals, alone, together):
+        others = set(capitals.values()) - {capitals[country]}
+        for reply in (reply_alone, reply_together):
+            assert capitals[country] in reply and not any(city in reply for city in others), (country, reply)
 
 
 def test_slots_share_decode_calls(smollm2):

@@ -20,6 +20,16 @@ from .tokenizer import Tokenizer
 DEFAULT_CONTEXT_LENGTH = 2048
 
 
+def shared_prefix(tokens: Sequence[int], cached: Sequence[int]) -> int:
+    """How many leading tokens two token lists have in common."""
+    n = 0
+    for a, b in zip(tokens, cached):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 class EngineError(Exception):
     """The engine failed: a load or an inference call did not succeed."""
 
@@ -60,10 +70,7 @@ class Slot(abc.ABC):
         between two C calls. At least the last token is evaluated, so logits
         always belong to this prompt.
         """
-        keep = 0
-        limit = min(len(tokens) - 1, len(self.cached))
-        while keep < limit and tokens[keep] == self.cached[keep]:
-            keep += 1
+        keep = min(shared_prefix(tokens, self.cached), len(tokens) - 1)
         del self.cached[keep:]
         chunk = chunk or self.prefill_chunk
         for start in range(keep, len(tokens), chunk):

@@ -20,7 +20,7 @@ from gevent.threadpool import ThreadPool
 
 from ..catalog import footprint, load_engine, local_file
 from ..config import ModelSpec, Settings
-from ..engine.base import Engine, EngineError, Slot
+from ..engine.base import Engine, EngineError, Slot, shared_prefix
 from ..engine.chat_template import ChatTemplate
 from ..metrics import Metrics
 from .drain import Drain, ShuttingDown
@@ -79,15 +79,6 @@ class Lease:
             self._model.unclaim()
 
 
-def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class LoadedModel:
     """A model with PARALLEL slots, a worker thread per slot, and admission places.
 
@@ -112,9 +103,8 @@ class LoadedModel:
         self.created = int(time.time())
         self.threads = ThreadPool(len(slots))
         self.tokenizer = ThreadPool(1)
-        self._free_slots = list(slots)
+        self._free_slots = list(slots)  # the slot given back longest ago first
         self._slot_freed = gevent.lock.Semaphore(len(slots))
-        self._freed_at: dict[int, float] = {}  # when each slot was last given back
         self._places = gevent.lock.BoundedSemaphore(places)
 
     @property
@@ -132,17 +122,15 @@ class LoadedModel:
         if not self._slot_freed.acquire(timeout=timeout):
             return None
 
-        def fit(slot: Slot) -> tuple[int, float]:
-            shared = _shared_prefix(slot.cached, prompt)
-            continues = bool(slot.cached) and shared >= SIMILARITY * len(slot.cached)
-            return (shared if continues else 0), -self._freed_at.get(id(slot), 0.0)
+        def fit(slot: Slot) -> int:
+            shared = shared_prefix(prompt, slot.cached)
+            return shared if slot.cached and shared >= SIMILARITY * len(slot.cached) else 0
 
-        best = max(self._free_slots, key=fit)
+        best = max(self._free_slots, key=fit)  # of equals, the first: the one unused longest
         self._free_slots.remove(best)
         return best
 
     def give_back(self, slot: Slot) -> None:
-        self._freed_at[id(slot)] = time.monotonic()
         self._free_slots.append(slot)
         self._slot_freed.release()
 
@@ -312,13 +300,13 @@ class ModelPool:
                     or (budget is not None and used > budget * 1e6))
 
         while over():
-            idle = sorted((m for m in self._loaded.values() if not m.in_use), key=lambda m: m.last_used)
+            idle = [m for m in self._loaded.values() if not m.in_use]
             if not idle:
                 self.metrics.model_events.labels(model_id, "refused_no_room").inc()
                 busy = ", ".join(sorted(self._loaded))
                 log.warning("model refused", model=model_id, reason="no_room", in_use=busy)
                 raise NoRoom(f"model {model_id!r} cannot be loaded now: the loaded models ({busy}) are in use")
-            self.unload(idle[0].id, "room")
+            self.unload(min(idle, key=lambda m: m.last_used).id, "room")
 
     def _sweep(self) -> None:
         """Unload models idle for longer than idle_unload_seconds (the default model stays)."""

@@ -60,6 +60,18 @@ class StopScanner:
         return out
 
 
+class TagWatch:
+    """Tells when generated text, fed piece by piece, has just reached ``tag``."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self._tail = ""
+
+    def feed(self, piece: bytes) -> bool:
+        self._tail = (self._tail + piece.decode("utf-8", "replace"))[-len(self.tag):]
+        return self._tail == self.tag
+
+
 class Generation:
     """One request's generation on one slot; iterate it for text deltas.
 
@@ -136,9 +148,9 @@ class Generation:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stops = StopScanner(self.stop)
         constraint = None if self.constrain_after else self.constraint
-        recent = ""  # the end of the text, while the constraint waits for constrain_after
+        constraint_start = TagWatch(self.constrain_after)
         thinking = bool(self.thinking_close) and self.thinking_budget is not None
-        thought = ""  # the end of the thinking so far, to see its closing tag
+        thinking_end = TagWatch(self.thinking_close)
         closing: list[int] = []  # the closing tag's tokens, forced once the budget is spent
         while True:
             logits = slot.logits()
@@ -159,14 +171,11 @@ class Generation:
                 self.sampled.append(SampledToken(token, logprob, tuple(top)))
             piece = self.tokenizer.token_text(token).encode() if token in self.shown else self.tokenizer.piece(token)
             if thinking and not closing:
-                thought = (thought + piece.decode("utf-8", "replace"))[-len(self.thinking_close):]
-                thinking = thought != self.thinking_close
+                thinking = not thinking_end.feed(piece)
             if constraint:
                 constraint.take(token)
-            elif self.constraint:
-                recent = (recent + piece.decode("utf-8", "replace"))[-len(self.constrain_after):]
-                if recent == self.constrain_after:
-                    constraint = self.constraint
+            elif self.constraint and constraint_start.feed(piece):
+                constraint = self.constraint
             text, stopped = stops.feed(decoder.decode(piece))
             if text:
                 yield text

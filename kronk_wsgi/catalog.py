@@ -10,7 +10,7 @@ import gguf
 from .config import ModelSpec
 from .engine.base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError
 from .engine.ctransformers_engine import CTransformersEngine
-from .engine.ctransformers_files import check
+from .engine.ctransformers_files import Compatibility, check
 from .engine.demo_model import demo_model_path, ensure_demo_model
 from .engine.llamacpp_engine import LlamaCppEngine
 from .engine.llamacpp_engine import available as llamacpp_available
@@ -65,6 +65,13 @@ def engine_class(name: str) -> type:
     return cls
 
 
+def _auto_engine(result: Compatibility) -> Optional[str]:
+    """The engine "auto" gives a GGUF file: ctransformers if it runs it, else llama.cpp if installed; None if neither."""
+    if result.runs:
+        return "ctransformers"
+    return "llama.cpp" if llamacpp_available() else None
+
+
 def choose_engine(path: Path, wanted: str = "auto", gpu_layers: int = 0) -> str:
     """The engine that runs a file: ``wanted``, or for "auto" ctransformers if it runs the file, else llama.cpp.
 
@@ -72,12 +79,16 @@ def choose_engine(path: Path, wanted: str = "auto", gpu_layers: int = 0) -> str:
     """
     if wanted != "auto":
         return wanted
-    if gpu_layers or (is_gguf(path) and not check(read_gguf(path)).runs):
-        if not llamacpp_available():
-            problems = "GPU layers asked for" if gpu_layers else "; ".join(check(read_gguf(path)).problems)
-            raise EngineError(f"{path.name} needs the llama.cpp engine ({problems}), which is not installed: {EXTRA}")
-        return "llama.cpp"
-    return "ctransformers"
+    if gpu_layers:
+        name, why = ("llama.cpp" if llamacpp_available() else None), "GPU layers asked for"
+    elif not is_gguf(path):
+        return "ctransformers"  # a legacy GGML file: only ctransformers reads those
+    else:
+        result = check(read_gguf(path))
+        name, why = _auto_engine(result), "; ".join(result.problems)
+    if name is None:
+        raise EngineError(f"{path.name} needs the llama.cpp engine ({why}), which is not installed: {EXTRA}")
+    return name
 
 
 def load_engine(model_id: str, spec: ModelSpec) -> Engine:
@@ -161,10 +172,11 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
 def _engine_verdict(model) -> str:
     """Which engine "auto" runs a file on, and why."""
     result = check(model)
-    if result.runs:
+    name = _auto_engine(result)
+    if name == "ctransformers":
         return "ctransformers" + (f", from a prepared copy ({'; '.join(result.fixes)})" if result.fixes else "")
     why = "; ".join(result.problems)
-    if llamacpp_available():
+    if name == "llama.cpp":
         return f"llama.cpp (ctransformers cannot: {why})"
     return f"none installed: ctransformers cannot ({why}); llama.cpp would: {EXTRA}"
 
@@ -176,10 +188,9 @@ def summary(path: Path) -> dict[str, str]:
     except (OSError, BadModelFile) as exc:
         return {"architecture": "-", "quantization": "-", "context": "-", "engine": f"unreadable: {exc}"}
     result = check(model)
-    if result.runs:
-        engine = "ctransformers" + (" (prepared copy)" if result.fixes else "")
-    else:
-        engine = "llama.cpp" if llamacpp_available() else f"none installed ({EXTRA})"
+    engine = _auto_engine(result) or f"none installed ({EXTRA})"
+    if result.runs and result.fixes:
+        engine += " (prepared copy)"
     return {"architecture": model.architecture, "quantization": _file_type_name(model.get("general.file_type")),
             "context": str(model.context_length or "-"), "engine": engine}
 

@@ -292,6 +292,7 @@ class MessagesEncoder(Encoder):
     keepalive = PING
 
     def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
+        super().__init__()
         self.head = {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(Usage(input_tokens, 0)),

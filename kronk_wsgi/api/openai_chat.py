@@ -97,17 +97,10 @@ class OpenAIEncoder(Encoder):
     """
 
     def __init__(self, head: dict, include_usage: bool, choices: int) -> None:
+        super().__init__()
         self.head = head
         self.include_usage = include_usage
         self.choices = choices
-        self.pending: dict[int, list[TokenLogprob]] = {}
-
-    def logprobs(self, event: Logprobs) -> Iterator[str]:
-        self.pending.setdefault(event.index, []).extend(event.tokens)
-        return iter(())
-
-    def take_logprobs(self, index: int) -> list[TokenLogprob]:
-        return self.pending.pop(index, [])
 
     def finished(self, event: Finished) -> Iterator[str]:
         if self.include_usage:

@@ -11,7 +11,7 @@ from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
 from ..serving.events import (
-    ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
+    ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
 from .errors import ApiError
 from .generation import JSON_OBJECT, ReplyFormat, start_generation
@@ -341,6 +341,7 @@ class ResponsesEncoder(Encoder):
     """
 
     def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None) -> None:
+        super().__init__()
         self.base = base
         self.keep = keep  # stores the finished response object, if the request asked for it
         self.sequence = 0
@@ -349,9 +350,7 @@ class ResponsesEncoder(Encoder):
         self.texts: list[str] = []
         self.reasoning_id: Optional[str] = None  # the reasoning item being written, if any
         self.thoughts: list[str] = []
-        # Log probabilities, of output text only: of tokens whose text comes next, and of the message so far.
-        self.pending: list[TokenLogprob] = []
-        self.listed: list[dict] = []
+        self.listed: list[dict] = []  # log probabilities of the message so far (output text only)
         self.end = ChoiceEnd("stop")
 
     def _event(self, kind: str, **fields: Any) -> str:
@@ -393,15 +392,10 @@ class ResponsesEncoder(Encoder):
             yield self._event("response.content_part.added", item_id=self.message_id, **where,
                               part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
         self.texts.append(event.text)
-        listed = logprob_content(self.pending)
-        self.pending = []
+        listed = logprob_content(self.take_logprobs())
         self.listed += listed
         yield self._event("response.output_text.delta", item_id=self.message_id, **where, delta=event.text,
                           logprobs=listed)
-
-    def logprobs(self, event: Logprobs) -> Iterator[str]:
-        self.pending.extend(event.tokens)
-        return iter(())
 
     def _close_message(self, status: str) -> Iterator[str]:
         if self.message_id is None:
@@ -413,12 +407,13 @@ class ResponsesEncoder(Encoder):
         yield self._event("response.content_part.done", **where, part=item["content"][0])
         yield self._event("response.output_item.done", output_index=len(self.output), item=item)
         self.output.append(item)
-        self.message_id, self.texts, self.listed, self.pending = None, [], [], []
+        self.message_id, self.texts, self.listed = None, [], []
+        self.take_logprobs()  # tokens whose text never came out: only output text lists its tokens
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         yield from self._close_reasoning()
         yield from self._close_message("completed")
-        self.pending = []  # the call's own tokens: only output text lists its tokens
+        self.take_logprobs()  # the call's own tokens: only output text lists its tokens
         index, item_id = len(self.output), "fc_" + event.id
         yield self._event("response.output_item.added", output_index=index, item=_call_item(event, "", "in_progress"))
         yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,

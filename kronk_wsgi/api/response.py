@@ -14,7 +14,8 @@ from typing import Iterator
 from flask import Response, jsonify
 
 from ..serving.events import (
-    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, ReasoningDelta, TextDelta, ToolCall, coalesce,
+    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall,
+    coalesce,
 )
 from ..serving.session import Session
 from .errors import ApiError
@@ -29,6 +30,9 @@ class Encoder(abc.ABC):
 
     keepalive = KEEPALIVE_COMMENT  # the frame sent after a keep-alive interval of silence
 
+    def __init__(self) -> None:
+        self._held_logprobs: dict[int, list[TokenLogprob]] = {}
+
     @abc.abstractmethod
     def start(self) -> Iterator[str]:
         """The first frames: they commit the response."""
@@ -42,8 +46,13 @@ class Encoder(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} takes no chat")
 
     def logprobs(self, event: Logprobs) -> Iterator[str]:
-        """Frames for log probabilities (only protocols that can ask for them get any)."""
-        raise NotImplementedError(f"{type(self).__name__} takes no logprobs")
+        """No frames: log probabilities are held, per choice, for the frames of the text they belong to."""
+        self._held_logprobs.setdefault(event.index, []).extend(event.tokens)
+        return iter(())
+
+    def take_logprobs(self, index: int = 0) -> list[TokenLogprob]:
+        """The log probabilities held for a choice, since the last take."""
+        return self._held_logprobs.pop(index, [])
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         """Frames for a tool call (only protocols that take tools get one)."""

@@ -19,14 +19,13 @@ from kronk_wsgi.engine.generate import Generation
 from kronk_wsgi.engine.sampling import SamplingParams
 
 from .conftest import run_server
+from .support.smollm2 import QUESTION, SYSTEM, assert_answers_paris
 
 if not llamacpp_engine.available():
     if os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") == "1":
         raise RuntimeError("llama-cpp-python is required (KRONK_TEST_REQUIRE_LLAMACPP=1) but not installed")
     pytest.skip("llama-cpp-python is not installed (pip install 'kronk_wsgi[llamacpp]')", allow_module_level=True)
 
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-QUESTION = {"role": "user", "content": "What is the capital of France?"}
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +46,7 @@ def server(smollm2, tiny_qwen2, tmp_path_factory):
 
 
 def test_smollm2_answers_and_stops(server):
-    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
-    whole = client.chat.completions.create(model="smollm2", messages=[SYSTEM, QUESTION], temperature=0, max_tokens=40)
-    choice = whole.choices[0]
-    assert "Paris" in choice.message.content and "<|im_end|>" not in choice.message.content
-    assert choice.finish_reason == "stop" and whole.usage.completion_tokens < 15
-    assert whole.usage.prompt_tokens == 27  # the reference tokenizer's count (tests/test_real_model.py)
-    streamed = client.chat.completions.create(model="smollm2", messages=[SYSTEM, QUESTION], temperature=0,
-                                              max_tokens=40, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in streamed) == choice.message.content
+    assert_answers_paris(server.url)
     message = anthropic.Anthropic(base_url=server.url, api_key="unused").messages.create(
         model="smollm2", max_tokens=40, system=SYSTEM["content"], messages=[QUESTION], extra_body={"temperature": 0})
     assert message.stop_reason == "end_turn" and "Paris" in message.content[0].text

@@ -14,7 +14,6 @@ import pytest
 import requests
 import tokenizers
 from anthropic import Anthropic
-from openai import OpenAI
 from tokenizers import decoders, models, pre_tokenizers
 
 from kronk_wsgi.engine.chat_template import ChatTemplate
@@ -23,12 +22,11 @@ from kronk_wsgi.engine.tokenizer import CONTROL, GGUFTokenizer
 
 from .conftest import run_server
 from .support.gguf_headers import write_header
+from .support.smollm2 import PROMPT_TOKENS, QUESTION, SYSTEM, assert_answers_paris
 
 ASCII = ["Hello, we can use", "The capital of France is", "Hello world! 123", "  multiple   spaces",
          "x = f(12345) + 'don't'\n\n\n  y", "tabs\there\t\tand\n", "a.b,c;d:e!f?g"]
 NON_ASCII = ["Café déjà vu.", "日本語のテキスト", "emoji 😀🎉 mixed", "Ünïcödé ñ and ß", "\t \t  "]
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-QUESTION = {"role": "user", "content": "What is the capital of France?"}
 
 
 @pytest.fixture(scope="module")
@@ -133,18 +131,7 @@ def server(smollm2, tiny_model, unsupported, tmp_path_factory):
 
 
 def test_openai_client_answers_and_stops(server):
-    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
-    whole = client.chat.completions.create(model="smollm2", messages=[SYSTEM, QUESTION], temperature=0, max_tokens=40)
-    choice = whole.choices[0]
-    assert "Paris" in choice.message.content and "<|im_end|>" not in choice.message.content
-    assert choice.finish_reason == "stop" and whole.usage.completion_tokens < 15
-    assert whole.usage.prompt_tokens == 27
-    streamed = client.chat.completions.create(
-        model="smollm2", messages=[SYSTEM, QUESTION], temperature=0, max_tokens=40, stream=True,
-    )
-    chunks = list(streamed)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
-    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert_answers_paris(server.url)
 
 
 def test_anthropic_client_ends_its_turn(server):
@@ -154,7 +141,7 @@ def test_anthropic_client_ends_its_turn(server):
         extra_body={"temperature": 0},  # this client version no longer has the argument; the API still does
     )
     assert message.stop_reason == "end_turn" and "Paris" in message.content[0].text
-    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == 27
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == PROMPT_TOKENS
     count = client.messages.count_tokens(model="smollm2", messages=[QUESTION])
     assert count.input_tokens == 37
 

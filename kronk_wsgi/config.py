@@ -68,7 +68,7 @@ class Settings(BaseModel):
     models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="tiny")})
     default_model: Optional[str] = None  # default: the only model, or the demo model
     parallel: int = Field(1, ge=1)  # slots per model
-    threads: Optional[int] = Field(None, ge=1)  # ggml threads per slot; default: cores / (workers x parallel)
+    threads: Optional[int] = Field(None, ge=1)  # ggml threads per decode call; default: see threads_per_call
     workers: int = Field(1, ge=1)  # gunicorn worker processes
     queue_depth: int = Field(2, ge=1)  # admission places per slot
     admission_timeout: float = Field(180.0, gt=0)
@@ -142,22 +142,31 @@ class Settings(BaseModel):
             raise ValueError(f"default_model {self.default_model!r} is not one of the models {sorted(self.models)}")
         return self
 
-    @property
-    def effective_threads(self) -> int:
-        """ggml threads per slot: the setting, else the cores shared evenly."""
+    def concurrent_calls(self, batched: bool) -> int:
+        """Decode calls of one model that run at once on this machine.
+
+        ctransformers slots each make their own calls (workers x parallel);
+        the slots of a ``batched`` engine (llama.cpp) share one call (workers).
+        """
+        return self.workers * (1 if batched else self.parallel)
+
+    def threads_per_call(self, batched: bool) -> int:
+        """ggml threads of one decode call: the setting, else the cores shared evenly by the calls running at once."""
         if self.threads is not None:
             return self.threads
-        return max(1, (os.cpu_count() or 1) // (self.workers * self.parallel))
+        return max(1, (os.cpu_count() or 1) // self.concurrent_calls(batched))
 
-    def check_cores(self) -> None:
+    def check_cores(self, batched: bool) -> None:
         """Refuse oversubscription: spinning ggml threads beyond the cores are 100x slower."""
         cores = os.cpu_count() or 1
-        used = self.workers * self.parallel * self.effective_threads
+        threads = self.threads_per_call(batched)
+        used = self.concurrent_calls(batched) * threads
         if used > cores:
+            slots = "" if batched else f" x parallel ({self.parallel})"
             raise ConfigError(
-                f"workers ({self.workers}) x parallel ({self.parallel}) x threads ({self.effective_threads})"
-                f" = {used} compute threads, but this machine has {cores} cores;"
-                " lower KRONK_WORKERS, KRONK_PARALLEL or KRONK_THREADS"
+                f"workers ({self.workers}){slots} x threads ({threads}) = {used} compute threads,"
+                f" but this machine has {cores} cores; lower KRONK_WORKERS{'' if batched else ', KRONK_PARALLEL'}"
+                " or KRONK_THREADS"
             )
 
 

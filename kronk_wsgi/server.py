@@ -63,16 +63,19 @@ def on_starting(server) -> None:
     # Before any worker imports prometheus_client: the directory decides how every value is kept.
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = server.kronk_metrics_dir = tempfile.mkdtemp(prefix="kronk-metrics-")
+    from .catalog import known_engine
+
     try:
         settings = settings_from_config(read_config())
-        settings.check_cores()
+        for spec in settings.models.values():  # the others are checked when a worker loads them
+            engine = known_engine(spec)
+            if engine is not None:
+                settings.check_cores(engine.batched)
     except ConfigError as exc:
         sys.stderr.write(f"kronk-wsgi: {exc}\n")
         sys.exit(2)
-    server.log.info(
-        "kronk_wsgi: %d worker(s) x %d slot(s) x %d thread(s); default model %s",
-        settings.workers, settings.parallel, settings.effective_threads, settings.default_model,
-    )
+    server.log.info("kronk_wsgi: %d worker(s) x %d slot(s); default model %s",
+                    settings.workers, settings.parallel, settings.default_model)
 
 
 class KronkApplication(BaseApplication):

@@ -13,7 +13,7 @@ from flask import Flask
 
 from kronk_wsgi import Kronk
 from kronk_wsgi.catalog import model_file
-from kronk_wsgi.config import ConfigError, ModelSpec, read_config, settings_from_config
+from kronk_wsgi.config import ConfigError, ModelSpec, Settings, read_config, settings_from_config
 
 from .conftest import ROOT, free_port, run_server
 
@@ -62,6 +62,19 @@ def test_oversubscription_is_refused(tmp_path, tiny_model):
     )
     assert result.returncode != 0
     assert "compute threads" in result.stderr and "cores" in result.stderr
+
+
+def test_compute_threads_follow_how_the_engine_decodes(monkeypatch):
+    """ctransformers slots decode at once, each on its own threads; a llama.cpp model's slots share each call."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    four_slots = Settings(parallel=4)
+    assert four_slots.threads_per_call(batched=False) == 1 and four_slots.threads_per_call(batched=True) == 4
+    two_threads = Settings(parallel=4, threads=2)
+    two_threads.check_cores(batched=True)  # one call at a time: 2 threads
+    with pytest.raises(ConfigError, match=r"parallel \(4\) x threads \(2\) = 8 compute threads"):
+        two_threads.check_cores(batched=False)
+    with pytest.raises(ConfigError, match=r"workers \(3\) x threads \(2\) = 6 compute threads"):
+        Settings(workers=3, threads=2).check_cores(batched=True)
 
 
 def test_default_demo_model_without_configuration(tmp_path):

@@ -36,11 +36,13 @@ def tiny_qwen2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(smollm2, tiny_qwen2, tmp_path_factory):
-    """SmolLM2 on llama.cpp (3 slots), and the qwen2 model with the engine left to "auto"."""
+    """SmolLM2 on llama.cpp, and the qwen2 model with the engine left to "auto".
+
+    Three slots on two cores: a llama.cpp model's slots share their decode calls, each on the two
+    cores (ctransformers would be refused this: three slots of at least one thread each)."""
     models = {"smollm2": {"path": str(smollm2), "engine": "llama.cpp", "context_length": 2048},
               "qwen2": {"path": str(tiny_qwen2)}}
-    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 2,
-           "KRONK_THREADS": 1}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 3}
     with run_server(tmp_path_factory.mktemp("llamacpp"), env) as server:
         yield server
 
@@ -81,7 +83,7 @@ def test_the_second_turn_evaluates_only_the_new_tokens(server):
 
 
 def test_concurrent_streams_each_get_their_own_answer(server):
-    """Three questions at once, on two slots: each reply answers its own question, as it does alone.
+    """Three questions at once, on three slots: each reply answers its own question, as it does alone.
 
     Replies are compared by their facts, not token by token: llama.cpp's numerics depend on the batch
     a token is decoded in (as in llama-server), and after a few tokens of a close call, a greedy reply

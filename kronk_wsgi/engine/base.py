@@ -97,7 +97,9 @@ class Engine(abc.ABC):
     context_length: int
     tokenizer: Tokenizer
     chat_template: Optional[str]  # the file's own, if it has one
+    # Whether the slots decode together, in one call at a time, or each in its own calls at once.
+    batched: bool = False
 
     @abc.abstractmethod
     def new_slots(self, count: int, threads: int) -> list[Slot]:
-        """``count`` inference instances, each given ``threads`` compute threads."""
+        """``count`` inference instances; each decode call runs on ``threads`` compute threads."""

@@ -262,6 +262,8 @@ class LlamaCppSlot(Slot):
 class LlamaCppEngine(Engine):
     """A GGUF file loaded by llama.cpp; its slots share one context, one sequence each."""
 
+    batched = True
+
     def __init__(self, name: str, path: Path, context_length: Optional[int] = None, model_type: Optional[str] = None,
                  gpu_layers: int = 0):
         if llama_cpp is None:
@@ -286,14 +288,14 @@ class LlamaCppEngine(Engine):
         self._ctx = None
 
     def new_slots(self, count: int, threads: int) -> list[LlamaCppSlot]:
-        """``count`` sequences of one context; its decode calls use every slot's threads, as they serve them all."""
+        """``count`` sequences of one context, whose decode calls (each for all its slots) run on ``threads`` threads."""
         if self._ctx is not None:
             raise EngineError("this engine's slots are made once")
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = self.context_length * count
         params.n_seq_max = count
         params.n_batch = params.n_ubatch = BATCH + count
-        params.n_threads = params.n_threads_batch = threads * count
+        params.n_threads = params.n_threads_batch = threads
         params.embeddings = False
         # One cache for all sequences: two streams decode at 99 tokens/s together where split caches gave 50
         # (SmolLM2, 2 threads). kronk_wsgi holds each sequence to context_length, so they fit.

@@ -260,7 +260,7 @@ class ModelPool:
         log.info(
             "model loaded", model=model_id, seconds=round(time.monotonic() - started, 3),
             context_length=model.engine.context_length, slots=self.settings.parallel,
-            threads=self.settings.effective_threads, memory_mb=round(memory / 1e6),
+            threads=self.settings.threads_per_call(engine.batched), memory_mb=round(memory / 1e6),
         )
         if self.settings.idle_unload_seconds is not None and self._sweeper is None:
             self._sweeper = gevent.spawn(self._sweep)
@@ -326,4 +326,5 @@ class ModelPool:
             spec.chat_template, engine.chat_template, tokenizer.token_text(tokenizer.bos_id),
             tokenizer.token_text(tokenizer.eos_id), tokenizer.control,
         )
-        return engine, template, engine.new_slots(self.settings.parallel, self.settings.effective_threads)
+        self.settings.check_cores(engine.batched)
+        return engine, template, engine.new_slots(self.settings.parallel, self.settings.threads_per_call(engine.batched))

@@ -23,6 +23,7 @@ more words (a chat's next turn), and two concurrent streams' aggregate rate.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -44,7 +45,7 @@ from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import Generation  # noqa: E402
 from kronk_wsgi.engine.grammar import Constraint, Grammar, json_schema_grammar  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
-from tests.conftest import fetch_smollm2, run_server  # noqa: E402
+from tests.conftest import fetch_smollm2, free_port, run_server  # noqa: E402
 from tests.support.storm import storm  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
@@ -274,55 +275,91 @@ def streams_together(url: str, tokens: int, count: int) -> float:
     return sum(r["completion_tokens"] for r in results) / (time.perf_counter() - started)
 
 
-def serving_measures(url: str, tokens: int) -> dict:
-    one_stream(url, 5, "warm up", (0, 2))
+def serving_measures(url: str, tokens: int, round_: int) -> dict:
+    """One round of the measures; its long prompt starts differently from every other round's: nothing is cached."""
+    long_prompt = f"Round {round_}. {LONG_PROMPT}"
     return {
         "decode": one_stream(url, tokens, "Tell me a story.", (0, 2))["tokens_per_s"],
-        "ttft_uncached": one_stream(url, 1, LONG_PROMPT, (0, 2))["ttft_s"],
-        "ttft_repeated": one_stream(url, 1, LONG_PROMPT + " And then?", (0, 2))["ttft_s"],
+        "ttft_uncached": one_stream(url, 1, long_prompt, (0, 2))["ttft_s"],
+        "ttft_repeated": one_stream(url, 1, long_prompt + " And then?", (0, 2))["ttft_s"],
         "two_streams": streams_together(url, tokens, 2),
+        "four_streams": streams_together(url, tokens, 4),
     }
 
 
-def engines_side_by_side(tokens: int, llama_server: Optional[str]) -> list[tuple[str, str]]:
-    """SmolLM2 on ctransformers, on llama.cpp and (if given) on llama-server, measured the same way."""
+@contextlib.contextmanager
+def llama_server_running(binary: str, path: Path, slots: int, threads: int, context: int):
+    """llama-server on the same file, as a user would start it: ``slots`` slots of ``context`` tokens."""
+    port = free_port()
+    proc = subprocess.Popen([binary, "-m", str(path), "--port", str(port), "-np", str(slots), "-t", str(threads),
+                             "-c", str(context * slots)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+ENGINE_MEASURES = [
+    ("decode, one stream, tokens/s", "decode", "{:.1f}", 1),
+    ("time to first token, ~1,000-word prompt, uncached, s", "ttft_uncached", "{:.2f}", -1),
+    ("same prompt plus a few words (next turn), s", "ttft_repeated", "{:.2f}", -1),
+    ("two concurrent streams, aggregate tokens/s", "two_streams", "{:.1f}", 1),
+    ("four concurrent streams, aggregate tokens/s", "four_streams", "{:.1f}", 1),
+]
+
+
+def engines_side_by_side(tokens: int, llama_server: Optional[str], rounds: int) -> list[tuple[str, str]]:
+    """SmolLM2 on ctransformers, on llama.cpp and (if given) on llama-server, all running, measured in turns.
+
+    ctransformers gets 2 slots of 1 thread (its slots decode at once, each on its own threads); llama.cpp
+    and llama-server get 4 slots and 2 threads (a model's slots share each call). Each round measures
+    every server once, one after the other, so a slow moment of the machine is shared out; the table
+    gives each measure's median over the rounds, and the ratios to llama-server with their spread.
+    """
     path = fetch_smollm2()
     workdir = ROOT / "bench" / "results" / "engines"
     workdir.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for engine in ("ctransformers", "llama.cpp"):
-        models = {"bench": {"path": str(path), "engine": engine, "context_length": 4096}}
-        env = {"KRONK_MODELS": json.dumps(models), "KRONK_PARALLEL": 2, "KRONK_THREADS": 1}
-        with run_server(workdir, env) as server:
-            results[engine] = serving_measures(server.url, tokens)
-    if llama_server:
-        port = 18080
-        proc = subprocess.Popen([llama_server, "-m", str(path), "--port", str(port), "-np", "2", "-t", "2", "-c", "8192"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if requests.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                time.sleep(0.2)
-            results["llama-server"] = serving_measures(url, tokens)
-        finally:
-            proc.terminate()
-            proc.wait()
-    (workdir / "latest.json").write_text(json.dumps(results, indent=2))
-    names = list(results)
-    print(f"model {path.name}, {tokens} tokens per stream; columns: {', '.join(names)}")
-    rows = [
-        ("decode, one stream, tokens/s", "decode", "{:.1f}"),
-        ("time to first token, ~1,000-word prompt, uncached, s", "ttft_uncached", "{:.2f}"),
-        ("same prompt plus a few words (next turn), s", "ttft_repeated", "{:.2f}"),
-        ("two concurrent streams, aggregate tokens/s", "two_streams", "{:.1f}"),
-    ]
-    return [(label, "  ".join(fmt.format(results[n][key]) for n in names)) for label, key, fmt in rows]
+    context = 4096
+    configs = {
+        "ctransformers": {"KRONK_PARALLEL": 2, "KRONK_THREADS": 1},
+        "llama.cpp": {"KRONK_PARALLEL": 4, "KRONK_THREADS": 2},
+    }
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for engine, config in configs.items():
+            models = {"bench": {"path": str(path), "engine": engine, "context_length": context}}
+            urls[engine] = stack.enter_context(run_server(workdir, {"KRONK_MODELS": json.dumps(models), **config})).url
+        if llama_server:
+            urls["llama-server"] = stack.enter_context(llama_server_running(llama_server, path, 4, 2, context))
+        for url in urls.values():
+            one_stream(url, 5, "warm up", (0, 2))
+        runs: dict[str, list[dict]] = {name: [] for name in urls}
+        for round_ in range(rounds):
+            for name, url in urls.items():
+                runs[name].append(serving_measures(url, tokens, round_))
+    (workdir / "latest.json").write_text(json.dumps(runs, indent=2))
+    names = list(runs)
+    print(f"model {path.name}, {tokens} tokens per stream, {rounds} rounds; medians of: {', '.join(names)}"
+          + ("; then llama.cpp / llama-server, median (lowest-highest round), > 1 is better" if llama_server else ""))
+    rows = []
+    for label, key, fmt, better in ENGINE_MEASURES:
+        medians = "  ".join(fmt.format(statistics.median(r[key] for r in runs[n])) for n in names)
+        if llama_server:
+            ratios = sorted((ours[key] / theirs[key]) ** better for ours, theirs in zip(runs["llama.cpp"], runs["llama-server"]))
+            medians += f"  |  {statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+        rows.append((label, medians))
+    return rows
 
 
 def body_storm() -> list[tuple[str, str]]:
@@ -359,9 +396,10 @@ def main() -> None:
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of measures (--engines)")
     args = parser.parse_args()
     if args.engines:
-        print_rows(engines_side_by_side(args.tokens, args.llama_server))
+        print_rows(engines_side_by_side(args.tokens, args.llama_server, args.rounds))
         return
     if args.storm:
         print_rows(body_storm())

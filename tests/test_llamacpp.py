@@ -38,11 +38,12 @@ def tiny_qwen2(tmp_path_factory):
 def server(smollm2, tiny_qwen2, tmp_path_factory):
     """SmolLM2 on llama.cpp, and the qwen2 model with the engine left to "auto".
 
-    Three slots on two cores: a llama.cpp model's slots share their decode calls, each on the two
-    cores (ctransformers would be refused this: three slots of at least one thread each)."""
+    Three slots of two threads on two cores: a llama.cpp model's slots share each decode call
+    (ctransformers would be refused this: 3 x 2 compute threads)."""
     models = {"smollm2": {"path": str(smollm2), "engine": "llama.cpp", "context_length": 2048},
               "qwen2": {"path": str(tiny_qwen2)}}
-    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 3}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 3,
+           "KRONK_THREADS": 2}
     with run_server(tmp_path_factory.mktemp("llamacpp"), env) as server:
         yield server
 
@@ -137,7 +138,7 @@ def test_a_long_prefill_rides_along_with_a_running_stream(smollm2):
     running, joining = engine.new_slots(2, 1)
     tokenizer = engine.tokenizer
     no_end = tuple((t, -100.0) for t in tokenizer.end_ids)
-    long_prompt = tokenizer.prompt(" ".join(f"item {i}" for i in range(600)))
+    long_prompt = tokenizer.prompt(" ".join(f"item {i}" for i in range(350)))
     chunks = -(-len(long_prompt) // running.prefill_chunk)
     steps = chunks + 10  # the stream outlasts the prefill
     started = threading.Event()

@@ -1,11 +1,11 @@
 """The llama.cpp engine: today's llama.cpp through llama-cpp-python's low-level API.
 
 It runs every model family llama.cpp runs. All slots of a model are
-sequences of one llama.cpp context; their decode calls are batched: while one
-call runs, the calls other slots make wait, and the next call takes them all
-(a new prompt's chunk with the running streams' next tokens), so N streams
-cost about one call per step instead of N. Tokenizing, sampling and stopping
-stay kronk_wsgi's: the engine takes token ids and gives logits.
+sequences of one llama.cpp context; their decode calls are batched: one thread
+makes every call, each for all the slots waiting (a new prompt's chunk with the
+running streams' next tokens), so N streams cost about one call per step
+instead of N. Tokenizing, sampling and stopping stay kronk_wsgi's: the engine
+takes token ids and gives logits.
 
 Needs the optional extra ``kronk_wsgi[llamacpp]`` (llama-cpp-python, built
 from source when installed).
@@ -31,8 +31,8 @@ except ImportError:  # the extra is not installed
 # Engine calls run in real OS threads; under gevent's monkey-patching the threading
 # module makes greenlets and greenlet locks, so these are taken from before it.
 _allocate_lock = monkey.get_original("_thread", "allocate_lock")
-_sleep = monkey.get_original("time", "sleep")
 _monotonic = monkey.get_original("time", "monotonic")
+_start_thread = monkey.get_original("_thread", "start_new_thread")
 
 BATCH = 512  # tokens in one decode call: prompt chunks plus the other slots' next tokens
 # How long a call waits for the slots of the last call to come back with their next tokens
@@ -55,11 +55,12 @@ def _keep_errors(level: int, text: bytes, user_data) -> None:
 
 
 def _start_backend() -> None:
-    global _log_callback
+    global _log_callback, _decode_thread
     if _log_callback is None:
         _log_callback = llama_cpp.llama_log_callback(_keep_errors)
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
         llama_cpp.llama_backend_init()
+        _decode_thread = _DecodeThread()
 
 
 class _ThreadpoolParams(ctypes.Structure):
@@ -115,79 +116,125 @@ class _Call:
         self.logits: Optional[np.ndarray] = None
         self.embedding: Optional[np.ndarray] = None
         self.error: Optional[str] = None
-        self.leads = False  # woken to make the next calls, not because its own is done
         self.done = _allocate_lock()
-        self.done.acquire()  # released when the call is over, or when it is to lead
+        self.done.acquire()  # released when the call is over
+
+
+class _DecodeThread:
+    """The one OS thread that makes every llama.cpp decode call of this process, as llama-server does.
+
+    llama.cpp runs a call's threads as an OpenMP team of the calling thread. Each thread that
+    ever calls gets a team of its own, and once teams outnumber the cores, the barriers between
+    a graph's steps stop spinning and sleep: a stream decoded from a second calling thread ran at
+    20 ms a token instead of 8 (SmolLM2, 2 threads). So slot threads hand their tokens to this
+    thread and wait. Each call it makes takes every waiting slot of one model; before a call it
+    gives the slots of that model's previous call up to GATHER_SECONDS to come back with their
+    next tokens (they sample in between), so a model's streams advance together, one call per step.
+    """
+
+    def __init__(self) -> None:
+        self._lock = _allocate_lock()  # guards every batcher's waiting calls, _ready and _sleeping
+        self._wake = _allocate_lock()
+        self._wake.acquire()  # released by submit() while the thread sleeps
+        self._sleeping = False
+        self._ready: collections.deque = collections.deque()  # batchers with waiting calls, in turn
+        _start_thread(self._serve, ())
+
+    def submit(self, batcher: "_Batcher", call: _Call) -> None:
+        """Queue a call and wait until it is done."""
+        with self._lock:
+            batcher.waiting.append(call)
+            if batcher not in self._ready:
+                self._ready.append(batcher)
+            if self._sleeping:
+                self._sleeping = False
+                self._wake.release()
+        call.done.acquire()
+
+    def _sleep(self, timeout: float) -> None:
+        """Wait for submit() (after setting _sleeping), or ``timeout`` seconds (-1: no limit)."""
+        woken = self._wake.acquire(timeout=timeout)
+        with self._lock:
+            if not woken and not self._sleeping:  # submit() released the lock just after the timeout
+                self._wake.acquire()
+            self._sleeping = False
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while self._ready and not self._ready[0].waiting:  # its calls went in an earlier round
+                    self._ready.popleft()
+                batcher = self._ready.popleft() if self._ready else None
+                self._sleeping = batcher is None
+            if batcher is None:
+                self._sleep(-1)
+                continue
+            self._gather(batcher)
+            with self._lock:
+                calls = batcher.take()
+                if batcher.waiting and batcher not in self._ready:
+                    self._ready.append(batcher)
+            batcher.run(calls)
+            for call in calls:
+                call.done.release()
+
+    def _gather(self, batcher: "_Batcher") -> None:
+        """Wait (briefly) until the slots of the batcher's previous call are back, or its batch is full."""
+        deadline = _monotonic() + GATHER_SECONDS
+        while True:
+            with self._lock:
+                left = deadline - _monotonic()
+                if left <= 0 or batcher.gathered():
+                    return
+                self._sleeping = True
+            self._sleep(left)
+
+
+_decode_thread: Optional[_DecodeThread] = None
 
 
 class _Batcher:
-    """Makes the decode calls of one context, each with every slot's waiting tokens.
-
-    The first slot thread to arrive while no call runs leads: it makes calls,
-    each for everyone waiting by then, until its own tokens are done, then
-    hands the lead to the first thread still waiting (if any) and goes back to
-    its own work. A waiting thread sleeps until its tokens are done or it leads.
-    Before a call, the leader gives the slots of the previous call a moment
-    to come back (they sample their next token meanwhile): the streams of a
-    model then advance together, one call per step.
-    """
+    """The decode calls of one context: its waiting calls, and one llama_decode for as many as fit."""
 
     def __init__(self, ctx, n_vocab: int, n_embd: int, seqs: int) -> None:
         self._ctx = ctx
         self._n_vocab = n_vocab
         self._n_embd = n_embd
-        self._lock = _allocate_lock()
-        self._waiting: list[_Call] = []
-        self._busy = False
+        self.waiting: list[_Call] = []  # guarded by the decode thread's lock
         self._batch = llama_cpp.llama_batch_init(BATCH + seqs, 0, 1)
         self._last_round: set[int] = set()  # the sequences of the previous call
         self._embeddings = False
         self.calls = 0  # decode calls made (for tests and benchmarks)
 
     def decode(self, call: _Call) -> None:
-        with self._lock:
-            self._waiting.append(call)
-            lead = not self._busy
-            self._busy = True
-        if not lead:
-            call.done.acquire()
-            if not call.leads:
-                return
-        while True:
-            self._gather()
-            with self._lock:
-                taken, size = [], 0
-                while self._waiting and (not taken or size + len(self._waiting[0].tokens) <= BATCH):
-                    size += len(self._waiting[0].tokens)
-                    taken.append(self._waiting.pop(0))
-            try:
-                self._run(taken)
-            except Exception as exc:  # every waiting thread hears of it: none may sleep for ever
-                for failed in taken:
-                    failed.error = f"llama_decode raised {exc!r}"
-            for other in taken:
-                if other is not call:
-                    other.done.release()
-            if call in taken:
-                break
-        with self._lock:
-            successor = self._waiting[0] if self._waiting else None
-            self._busy = successor is not None
-        if successor is not None:
-            successor.leads = True
-            successor.done.release()
+        """Evaluate a call's tokens, in one decode call with the other slots' waiting tokens."""
+        _decode_thread.submit(self, call)
 
-    def _gather(self) -> None:
-        """Wait (briefly) until the sequences of the previous call are back, or the batch is full."""
-        deadline = _monotonic() + GATHER_SECONDS
-        while _monotonic() < deadline:
-            with self._lock:
-                waiting = {call.seq for call in self._waiting}
-                if self._last_round <= waiting or sum(len(c.tokens) for c in self._waiting) >= BATCH:
-                    return
-            _sleep(0.0002)
+    def gathered(self) -> bool:
+        """Whether every sequence of the previous call is waiting again, or the waiting tokens fill a batch."""
+        return (self._last_round <= {call.seq for call in self.waiting}
+                or sum(len(call.tokens) for call in self.waiting) >= BATCH)
 
-    def _run(self, calls: list[_Call]) -> None:
+    def take(self) -> list[_Call]:
+        """The calls the next llama_decode takes: the first waiting ones that fit in BATCH tokens (at least one)."""
+        taken, size = [], 0
+        while self.waiting and (not taken or size + len(self.waiting[0].tokens) <= BATCH):
+            size += len(self.waiting[0].tokens)
+            taken.append(self.waiting.pop(0))
+        return taken
+
+    def run(self, calls: list[_Call]) -> None:
+        """One llama_decode for ``calls``: each gets its logits (and embedding), or an error."""
+        try:
+            self._decode(calls)
+        except Exception as exc:  # every waiting thread hears of it: none may sleep for ever
+            for call in calls:
+                call.error = f"llama_decode raised {exc!r}"
+
+    def _decode(self, calls: list[_Call]) -> None:
+        # With a cache per sequence, llama.cpp computes a run of consecutive sequence ids in one pass, and
+        # any other sequence in passes of its own: the batch goes in sequence order.
+        calls = sorted(calls, key=lambda call: call.seq)
         self._last_round = {call.seq for call in calls}
         embeddings = any(call.wants_embedding for call in calls)
         if embeddings != self._embeddings:  # embeddings cost a quarter of prefill speed: only when asked for
@@ -297,9 +344,9 @@ class LlamaCppEngine(Engine):
         params.n_batch = params.n_ubatch = BATCH + count
         params.n_threads = params.n_threads_batch = threads
         params.embeddings = False
-        # One cache for all sequences: two streams decode at 99 tokens/s together where split caches gave 50
-        # (SmolLM2, 2 threads). kronk_wsgi holds each sequence to context_length, so they fit.
-        params.kv_unified = True
+        # A cache per sequence, of context_length cells (kronk_wsgi holds each sequence to that): in one cache
+        # for all, each token's attention runs over every slot's cached tokens, masked.
+        params.kv_unified = False
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
             raise _failure(f"llama.cpp could not make a context of {params.n_ctx} tokens")

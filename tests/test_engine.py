@@ -1,5 +1,7 @@
 """The engine layer on the real tiny model: tokenizer traps, prefix reuse, sampling, stops."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -151,6 +153,45 @@ def test_sampler_greedy_and_filters():
     assert {top_p.sample(logits) for _ in range(20)} == {1}
     biased = Sampler(SamplingParams(temperature=0, logit_bias=((3, 100.0),)), [])
     assert biased.sample(logits) == 3
+
+
+def test_draws_follow_the_distribution_over_a_large_vocabulary():
+    """The blockwise draw: frequencies match the probabilities, and a token of weight 0 never comes."""
+    rng = np.random.default_rng(7)
+    weights = rng.random(1000).astype(np.float32) ** 4  # uneven, over several draw blocks and a partial one
+    weights[rng.choice(1000, 300, replace=False)] = 0.0
+    weights[999] = 0.0
+    sampler = Sampler(SamplingParams(seed=11), [])
+    draws = 200_000
+    counts = np.bincount([sampler._draw(weights) for _ in range(draws)], minlength=1000)
+    assert counts[weights == 0].sum() == 0
+    expected = weights / weights.sum() * draws
+    assert np.all(np.abs(counts - expected) <= 6 * np.sqrt(expected) + 1)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(top_p=0.9), SamplingParams(top_p=0.999), SamplingParams(min_p=0.2),
+                                    SamplingParams(min_p=1e-4), SamplingParams(top_k=40, top_p=0.5)])
+def test_filters_on_a_large_vocabulary_keep_what_a_full_sort_keeps(params):
+    """Candidates first, everything sorted only when the filters keep all candidates: the same kept set."""
+    rng = np.random.default_rng(3)
+    peaked = (rng.standard_normal(49152) * 2).astype(np.float32)
+    peaked[:50] += 8  # a few likely tokens
+    flat = rng.standard_normal(49152).astype(np.float32) * 0.1  # top_p and min_p keep thousands
+    for logits in (peaked, flat):
+        order = np.argsort(-logits.astype(np.float64), kind="stable")[: params.top_k or None]
+        probs = np.exp(logits[order].astype(np.float64) - logits[order[0]])
+        probs /= probs.sum()
+        keep = len(order)
+        if params.top_p < 1:
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
+        if params.min_p > 0:
+            keep = min(keep, int(np.count_nonzero(probs >= params.min_p * probs[0])))
+        kept = set(order[:keep].tolist())
+        sampler = Sampler(dataclasses.replace(params, seed=5), [])
+        drawn = [sampler.sample(logits) for _ in range(600)]
+        assert set(drawn) <= kept
+        top_share = probs[0] / probs[:keep].sum()  # the best token's probability among those kept
+        assert abs(drawn.count(order[0]) / len(drawn) - top_share) < 0.1
 
 
 def test_sampler_penalties():

@@ -29,6 +29,10 @@ class SamplingParams:
 
 
 REPETITION_WINDOW = 64
+# The filters (top_p, min_p) look at this many of the most likely tokens first: sorting a
+# whole 49k vocabulary takes ~5 ms. Only when they keep all of them is everything sorted.
+CANDIDATES = 256
+DRAW_BLOCK = 256  # tokens summed at once when drawing (see Sampler._draw)
 
 
 class Sampler:
@@ -46,7 +50,7 @@ class Sampler:
     def sample(self, logits: np.ndarray, allowed: Optional[np.ndarray] = None) -> int:
         """Pick the next token, among the ``allowed`` ones if given, and remember it for the penalties."""
         p = self.params
-        logits = logits.astype(np.float64)
+        logits = np.array(logits, dtype=np.float32)  # a copy, in the engine's precision
         if allowed is not None:
             logits[~allowed] = -np.inf
         for token, bias in p.logit_bias:
@@ -65,29 +69,63 @@ class Sampler:
         return token
 
     def _choose(self, logits: np.ndarray) -> int:
+        """The next token from the adjusted logits (a scratch copy: it is changed)."""
         p = self.params
         if p.temperature == 0:
             return int(np.argmax(logits))
-        logits = logits / p.temperature
-        if p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0:  # no filter: no sort (a 49k vocabulary takes ms)
-            return self._draw(np.exp((logits - logits.max()).astype(np.float32)))
-        order = np.argsort(-logits, kind="stable")
-        if p.top_k > 0:
-            order = order[: p.top_k]
-        ranked = logits[order]
-        probs = np.exp(ranked - ranked[0])
-        probs /= probs.sum()
-        keep = len(order)
+        logits /= p.temperature
+        if p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0:  # no filter, no sort
+            logits -= logits.max()
+            return self._draw(np.exp(logits, out=logits))
+        if p.top_k > 0:  # the filters work on the top k, their probabilities renormalised
+            order = _most_likely(logits, p.top_k)
+            probs = np.exp(logits[order] - logits[order[0]])
+            probs /= probs.sum()
+        else:  # the most likely candidates first, with their probabilities among all tokens
+            order = _most_likely(logits, CANDIDATES)
+            best = logits[order[0]]
+            probs = np.exp(logits[order] - best) / np.exp(logits - best).sum()
+        keep = self._kept(probs)
+        if keep == len(order) < len(logits) and p.top_k <= 0:  # the filters keep more than the candidates
+            order = _most_likely(logits, len(logits))
+            probs = np.exp(logits[order] - logits[order[0]])
+            probs /= probs.sum()
+            keep = self._kept(probs)
+        return int(order[self._draw(probs[:keep])])
+
+    def _kept(self, probs: np.ndarray) -> int:
+        """How many of the most likely tokens (``probs``, best first) top_p and min_p keep."""
+        p = self.params
+        keep = len(probs)
         if p.top_p < 1.0:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
-        return int(order[self._draw(probs[:keep])])
+        return keep
 
     def _draw(self, weights: np.ndarray) -> int:
-        """An index drawn with probability proportional to ``weights``."""
-        cumulative = np.cumsum(weights, dtype=np.float64)
-        return min(int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right")), len(weights) - 1)
+        """An index drawn with probability proportional to ``weights``; never one of weight 0.
+
+        The running sum goes block by block, then within the block drawn: over a whole
+        49k vocabulary it took 0.6 ms a token.
+        """
+        starts = np.arange(0, len(weights), DRAW_BLOCK)
+        cumulative = np.cumsum(np.add.reduceat(weights, starts, dtype=np.float64))
+        target = min(self._rng.random() * cumulative[-1], np.nextafter(cumulative[-1], 0.0))
+        block = int(np.searchsorted(cumulative, target, side="right"))  # its weights sum to more than 0
+        start = block * DRAW_BLOCK
+        within = weights[start : start + DRAW_BLOCK]
+        rest = target - (cumulative[block - 1] if block else 0.0)
+        index = int(np.searchsorted(np.cumsum(within, dtype=np.float64), rest, side="right"))
+        if index == len(within):  # the block's sum rounded above its running sum: its last token of weight > 0
+            index = int(np.flatnonzero(within)[-1])
+        return start + index
+
+
+def _most_likely(logits: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` highest-scoring tokens (all, if there are fewer), best first."""
+    best = np.argpartition(-logits, n - 1)[:n] if n < len(logits) else np.arange(len(logits))
+    return best[np.argsort(-logits[best], kind="stable")]
 
 
 def logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:

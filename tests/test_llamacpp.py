@@ -7,6 +7,7 @@ Skipped when llama-cpp-python is not installed, unless KRONK_TEST_REQUIRE_LLAMAC
 import json
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
@@ -14,11 +15,13 @@ import pytest
 from openai import OpenAI
 
 from kronk_wsgi.engine import llamacpp_engine
+from kronk_wsgi.engine.base import Cancelled
 from kronk_wsgi.engine.demo_model import write_demo_model
 from kronk_wsgi.engine.generate import Generation
 from kronk_wsgi.engine.sampling import SamplingParams
 
 from .conftest import run_server
+from .support.rawhttp import RawStream
 from .support.smollm2 import QUESTION, SYSTEM, assert_answers_paris
 
 if not llamacpp_engine.available():
@@ -139,7 +142,7 @@ def test_a_long_prefill_rides_along_with_a_running_stream(smollm2):
     tokenizer = engine.tokenizer
     no_end = tuple((t, -100.0) for t in tokenizer.end_ids)
     long_prompt = tokenizer.prompt(" ".join(f"item {i}" for i in range(350)))
-    chunks = -(-len(long_prompt) // running.prefill_chunk)
+    chunks = -(-len(long_prompt) // llamacpp_engine.SHARED_CHUNK)  # beside a running stream
     steps = chunks + 10  # the stream outlasts the prefill
     started = threading.Event()
 
@@ -160,3 +163,35 @@ def test_a_long_prefill_rides_along_with_a_running_stream(smollm2):
         assert produced.result() == steps
     # Alone, the prefill would take `chunks` calls and the stream one call per token: together they share them.
     assert during <= chunks + 2, (during, chunks)
+
+
+def test_a_prompt_alone_goes_in_large_calls_that_a_cancel_aborts(smollm2):
+    """Decoding alone, a prompt goes in calls of 512 tokens; a cancel stops the call under way (not after
+    it), and the slot then serves the same prompt exactly as another slot does."""
+    engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=2048)
+    slot, other = engine.new_slots(2, 1)
+    long_prompt = engine.tokenizer.prompt(" ".join(f"item {i}" for i in range(350)))
+    asked = []
+    with pytest.raises(Cancelled):
+        slot.prefill(long_prompt, lambda: asked.append(1) or len(asked) > 1)  # cancelled once the first call runs
+    assert (engine._batcher.calls, engine._batcher.aborted) == (1, 1)
+    slot.prefill(long_prompt)
+    assert engine._batcher.calls == 1 + -(-len(long_prompt) // llamacpp_engine.BATCH)
+    other.prefill(long_prompt, chunk=llamacpp_engine.BATCH)  # the same calls (just after another slot's, it
+    assert (slot.logits() == other.logits()).all()  # would start with a smaller one: other numerics)
+
+
+def test_a_client_gone_mid_prompt_frees_its_slot(server):
+    prompt = " ".join(f"item {i}" for i in range(350))
+    hung_up = []
+    for _ in range(3):  # more than the slots: each must have been given back
+        raw = RawStream(server.host, server.port, "/v1/chat/completions", {
+            "model": "smollm2", "stream": True, "max_tokens": 5, "messages": [{"role": "user", "content": prompt}]})
+        next(raw.frames())  # the role chunk: the prompt is being evaluated
+        raw.close()
+        hung_up.append(1)
+    deadline = time.monotonic() + 60
+    while server.logs().count('"outcome": "client_gone"') < len(hung_up):
+        assert time.monotonic() < deadline, server.logs()[-3000:]
+        time.sleep(0.2)
+    assert_answers_paris(server.url)

@@ -72,11 +72,13 @@ class Slot(abc.ABC):
         """
         keep = min(shared_prefix(tokens, self.cached), len(tokens) - 1)
         del self.cached[keep:]
-        chunk = chunk or self.prefill_chunk
-        for start in range(keep, len(tokens), chunk):
+        start = keep
+        while start < len(tokens):
             if cancelled():
                 raise Cancelled()
-            self.decode(tokens[start : start + chunk])
+            end = start + (chunk or self.prefill_chunk)  # asked each time: it may depend on what else runs
+            self.decode(tokens[start:end])
+            start = end
         return keep
 
     def decode(self, tokens: Sequence[int]) -> None:

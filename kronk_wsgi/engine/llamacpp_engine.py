@@ -14,12 +14,12 @@ from source when installed).
 import collections
 import ctypes
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from gevent import monkey
 
-from .base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError, Slot
+from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Slot
 from .gguf_file import read_gguf
 from .tokenizer import GGUFTokenizer
 
@@ -35,6 +35,8 @@ _monotonic = monkey.get_original("time", "monotonic")
 _start_thread = monkey.get_original("_thread", "start_new_thread")
 
 BATCH = 512  # tokens in one decode call: prompt chunks plus the other slots' next tokens
+SHARED_CHUNK = 64  # prompt tokens per call beside running streams, which wait for each call
+CANCEL_POLL_SECONDS = 0.05  # how often a slot waiting for its prompt's call asks whether it was cancelled
 # How long a call waits for the slots of the last call to come back with their next tokens
 # (they sample in between): long enough for sampling, short against a decode step.
 GATHER_SECONDS = 0.01
@@ -101,6 +103,27 @@ def _free_threadpool(pool) -> None:
     free(pool)
 
 
+class _AbortFlag:
+    """A flag that stops a context's running decode call between two steps of its graph.
+
+    ggml asks the context's abort callback after each step, in a compute thread: a Python
+    callback would need the GIL there, between every two steps. The callback is ggml's own
+    ``ggml_get_no_alloc``, reading a field of a zeroed block that stands in for a ggml
+    context, and ``ggml_set_no_alloc`` writes it: no Python runs while llama.cpp computes.
+    """
+
+    def __init__(self, ctx) -> None:
+        base = _ggml("libggml-base.so")
+        self._set = base.ggml_set_no_alloc
+        self._set.argtypes, self._set.restype = [ctypes.c_void_p, ctypes.c_bool], None
+        self._block = ctypes.create_string_buffer(256)  # more than a struct ggml_context takes
+        self._callback = llama_cpp.ggml_abort_callback(ctypes.cast(base.ggml_get_no_alloc, ctypes.c_void_p).value)
+        llama_cpp.llama_set_abort_callback(ctx, self._callback, ctypes.cast(self._block, ctypes.c_void_p))
+
+    def set(self, value: bool) -> None:
+        self._set(ctypes.cast(self._block, ctypes.c_void_p), value)
+
+
 def _failure(what: str) -> EngineError:
     said = "; ".join(_errors)
     _errors.clear()
@@ -116,6 +139,7 @@ class _Call:
         self.logits: Optional[np.ndarray] = None
         self.embedding: Optional[np.ndarray] = None
         self.error: Optional[str] = None
+        self.aborted = False  # stopped mid-call because its request was cancelled
         self.done = _allocate_lock()
         self.done.acquire()  # released when the call is over
 
@@ -140,8 +164,8 @@ class _DecodeThread:
         self._ready: collections.deque = collections.deque()  # batchers with waiting calls, in turn
         _start_thread(self._serve, ())
 
-    def submit(self, batcher: "_Batcher", call: _Call) -> None:
-        """Queue a call and wait until it is done."""
+    def submit(self, batcher: "_Batcher", call: _Call, cancelled: Optional[Callable[[], bool]]) -> None:
+        """Queue a call and wait until it is done; once ``cancelled()``, abort it if it runs alone."""
         with self._lock:
             batcher.waiting.append(call)
             if batcher not in self._ready:
@@ -149,6 +173,15 @@ class _DecodeThread:
             if self._sleeping:
                 self._sleeping = False
                 self._wake.release()
+        if cancelled is not None:
+            while not call.done.acquire(timeout=CANCEL_POLL_SECONDS):
+                if cancelled():
+                    with self._lock:
+                        if batcher.running == [call]:  # other slots' tokens in the call are never lost
+                            batcher.abort.set(True)
+                    break
+            else:
+                return
         call.done.acquire()
 
     def _sleep(self, timeout: float) -> None:
@@ -171,10 +204,13 @@ class _DecodeThread:
                 continue
             self._gather(batcher)
             with self._lock:
-                calls = batcher.take()
+                calls = batcher.running = batcher.take()
                 if batcher.waiting and batcher not in self._ready:
                     self._ready.append(batcher)
             batcher.run(calls)
+            with self._lock:  # no abort can reach the next call
+                batcher.running = []
+                batcher.abort.set(False)
             for call in calls:
                 call.done.release()
 
@@ -200,15 +236,22 @@ class _Batcher:
         self._ctx = ctx
         self._n_vocab = n_vocab
         self._n_embd = n_embd
-        self.waiting: list[_Call] = []  # guarded by the decode thread's lock
+        self.waiting: list[_Call] = []  # guarded by the decode thread's lock, as is running
+        self.running: list[_Call] = []  # the calls of the llama_decode under way
+        self.abort = _AbortFlag(ctx)
         self._batch = llama_cpp.llama_batch_init(BATCH + seqs, 0, 1)
         self._last_round: set[int] = set()  # the sequences of the previous call
         self._embeddings = False
-        self.calls = 0  # decode calls made (for tests and benchmarks)
+        self.calls = 0  # decode calls made, and of them aborted (for tests and benchmarks)
+        self.aborted = 0
 
-    def decode(self, call: _Call) -> None:
+    def decode(self, call: _Call, cancelled: Optional[Callable[[], bool]] = None) -> None:
         """Evaluate a call's tokens, in one decode call with the other slots' waiting tokens."""
-        _decode_thread.submit(self, call)
+        _decode_thread.submit(self, call, cancelled)
+
+    def alone(self, seq: int) -> bool:
+        """Whether sequence ``seq`` is the only one decoding: the last call and the waiting ones are its own."""
+        return self._last_round <= {seq} and all(call.seq == seq for call in self.waiting)
 
     def gathered(self) -> bool:
         """Whether every sequence of the previous call is waiting again, or the waiting tokens fill a batch."""
@@ -255,9 +298,11 @@ class _Batcher:
         batch.n_tokens = n
         self.calls += 1
         status = llama_cpp.llama_decode(self._ctx, batch)
+        self.aborted += status == 2
         for call, index in zip(calls, last):
             if status != 0:
                 call.error = f"llama_decode failed with status {status}"
+                call.aborted = status == 2
                 continue
             logits = llama_cpp.llama_get_logits_ith(self._ctx, index)
             call.logits = np.ctypeslib.as_array(logits, shape=(self._n_vocab,)).copy()
@@ -269,10 +314,6 @@ class _Batcher:
 class LlamaCppSlot(Slot):
     """One sequence of the model's shared context."""
 
-    # Measured on SmolLM2 at two threads, 64 to 256 tokens per call prefill at the same speed
-    # (~175 tokens/s, within noise); 64 lets a cancel be seen within about 0.4 s.
-    prefill_chunk = 64
-
     def __init__(self, engine: "LlamaCppEngine", seq: int) -> None:
         super().__init__()
         self._engine = engine
@@ -280,15 +321,32 @@ class LlamaCppSlot(Slot):
         self._kv_end = 0  # positions held in the KV cache for this sequence
         self._logits: Optional[np.ndarray] = None
         self._embedding: Optional[np.ndarray] = None
+        self._cancelled: Optional[Callable[[], bool]] = None  # the prefill's, while one runs
+
+    @property
+    def prefill_chunk(self) -> int:
+        """A prompt alone goes in calls of BATCH tokens, which a cancel aborts mid-call; beside running
+        streams, in calls of SHARED_CHUNK, as the streams wait for each call."""
+        return BATCH if self._engine._batcher.alone(self._seq) else SHARED_CHUNK
+
+    def prefill(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False,
+                chunk: Optional[int] = None) -> int:
+        self._cancelled = cancelled
+        try:
+            return super().prefill(tokens, cancelled, chunk)
+        finally:
+            self._cancelled = None
 
     def _eval(self, tokens: Sequence[int], n_past: int, embedding: bool = False) -> None:
         if n_past < self._kv_end:  # a shorter prefix is reused: drop the rest of the old sequence
             llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
         call = _Call(self._seq, tokens, n_past, embedding)
         self._kv_end = n_past
-        self._engine._batcher.decode(call)
+        self._engine._batcher.decode(call, self._cancelled)
         if call.error:
             llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
+            if call.aborted:
+                raise Cancelled()
             raise EngineError(call.error)
         self._kv_end = n_past + len(tokens)
         self._logits, self._embedding = call.logits, call.embedding

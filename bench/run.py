@@ -4,7 +4,8 @@
     python bench/run.py --model smollm2 [--tokens 200]
     python bench/run.py --storm
     python bench/run.py --grammar [--tokens 200]
-    python bench/run.py --engines [--tokens 200] [--llama-server PATH]
+    python bench/run.py --engines [--tokens 100] [--rounds 5] [--llama-server PATH]
+    python bench/run.py --chunks
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -16,10 +17,14 @@ with the copy reused. ``--storm`` sends eight maximal request bodies at once
 /v1/liveness is polled: the liveness p99 and the largest gap in the stream.
 ``--grammar`` decodes on SmolLM2 (engine alone, one thread) without and with a
 JSON Schema constraint, and times the constraint's own work per token.
-``--engines`` serves SmolLM2 on each engine (two slots, one ggml thread each),
-and on llama-server too when given its binary: one stream's decode rate, time
-to first token for a ~1,000-word prompt, uncached and then repeated with a few
-more words (a chat's next turn), and two concurrent streams' aggregate rate.
+``--engines`` serves SmolLM2 on ctransformers (two slots of one thread), on
+llama.cpp (four slots, two threads) and on llama-server when given its binary
+(the same), all running, measured in turns over rounds: one stream's decode
+rate, time to first token for a ~1,000-word prompt, uncached and then repeated
+with a few more words (a chat's next turn), and two and four concurrent
+streams' aggregate rates, with their ratios to llama-server. ``--chunks`` times
+ctransformers' prefill of a 600-token prompt per chunk size (engine alone, one
+thread), on the medium model and on SmolLM2.
 """
 
 import argparse
@@ -215,6 +220,28 @@ class TimedConstraint(Constraint):
             TimedConstraint.seconds += time.perf_counter() - started
 
 
+def prefill_chunks(rounds: int = 3) -> list[tuple[str, str]]:
+    """ctransformers' prefill rate per chunk size, and how long one chunk (the wait for a cancel) takes."""
+    rows = []
+    for name, path in (("medium", ensure_demo_model("medium")), ("SmolLM2", fetch_smollm2())):
+        engine = CTransformersEngine("bench", path)
+        slot = engine.new_slots(1, 1)[0]
+        prompt = engine.tokenizer.prompt("The quick brown fox jumps over the lazy dog. " * 60)[:600]
+        times: dict[int, list[float]] = {}
+        for _ in range(rounds):  # sizes in turns: a slow moment of the machine is shared out
+            for chunk in (16, 32, 64, 128, 256):
+                slot.prefill([engine.tokenizer.bos_id or 1])
+                started = time.perf_counter()
+                slot.prefill(prompt, chunk=chunk)
+                times.setdefault(chunk, []).append(time.perf_counter() - started)
+        best = min(statistics.median(v) for v in times.values())
+        for chunk, seconds in times.items():
+            median = statistics.median(seconds)
+            rows.append((f"{name}: chunks of {chunk}, tokens/s (share of best; one chunk, s)",
+                         f"{len(prompt) / median:.0f} ({best / median:.2f}; {median * chunk / len(prompt):.2f})"))
+    return rows
+
+
 def grammar_cost(tokens: int) -> list[tuple[str, str]]:
     """SmolLM2 decoding without and with a JSON Schema constraint: the constraint's cost per token."""
     path = fetch_smollm2()
@@ -395,6 +422,7 @@ def main() -> None:
     parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
+    parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of measures (--engines)")
     args = parser.parse_args()
@@ -406,6 +434,9 @@ def main() -> None:
         return
     if args.grammar:
         print_rows(grammar_cost(args.tokens))
+        return
+    if args.chunks:
+        print_rows(prefill_chunks())
         return
     if args.model == "smollm2":
         print_rows(real_model(args.tokens))

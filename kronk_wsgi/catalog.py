@@ -91,19 +91,6 @@ def choose_engine(path: Path, wanted: str = "auto", gpu_layers: int = 0) -> str:
     return name
 
 
-def known_engine(spec: ModelSpec) -> Optional[type]:
-    """The engine class that will run a model, if that can be told before loading it; None if not."""
-    try:
-        if spec.engine != "auto":
-            return engine_class(spec.engine)
-        path = local_file(spec)
-        if path is None or not path.is_file():
-            return None
-        return engine_class(choose_engine(path, spec.engine, spec.gpu_layers))
-    except (EngineError, ValueError):  # loading it will say why
-        return None
-
-
 def load_engine(model_id: str, spec: ModelSpec) -> Engine:
     """Load a configured model (blocking; call it from a worker thread)."""
     path = model_file(spec)

@@ -63,14 +63,11 @@ def on_starting(server) -> None:
     # Before any worker imports prometheus_client: the directory decides how every value is kept.
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = server.kronk_metrics_dir = tempfile.mkdtemp(prefix="kronk-metrics-")
-    from .catalog import known_engine
-
     try:
         settings = settings_from_config(read_config())
-        for spec in settings.models.values():  # the others are checked when a worker loads them
-            engine = known_engine(spec)
-            if engine is not None:
-                settings.check_cores(engine.batched)
+        # What any engine needs; each model's own engine is checked when a worker loads it (the engine
+        # modules import ssl, which must come after gevent's patching, in the workers).
+        settings.check_cores(batched=True)
     except ConfigError as exc:
         sys.stderr.write(f"kronk-wsgi: {exc}\n")
         sys.exit(2)

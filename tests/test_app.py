@@ -77,6 +77,21 @@ def test_compute_threads_follow_how_the_engine_decodes(monkeypatch):
         Settings(workers=3, threads=2).check_cores(batched=True)
 
 
+def test_a_ctransformers_model_with_more_slot_threads_than_cores_fails_to_load(tmp_path, tiny_model):
+    """One-thread ctransformers slots, one more than the cores: the worker refuses to load the model, and says why."""
+    parallel = (os.cpu_count() or 1) + 1
+    env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_PARALLEL": parallel, "KRONK_THREADS": 1}
+    with run_server(tmp_path, env, ready="/v1/liveness") as server:
+        deadline = time.monotonic() + 60
+        while (ready := requests.get(server.url + "/v1/readiness", timeout=10).json())["status"] == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert ready["status"] == "failed"
+        assert f"x parallel ({parallel}) x threads (1) = {parallel} compute threads" in ready["error"]
+        reply = server.post("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 503 and "compute threads" in reply.json()["error"]["message"]
+
+
 def test_default_demo_model_without_configuration(tmp_path):
     """`kronk-wsgi serve` with nothing configured serves the embedded demo model."""
     with run_server(tmp_path, {}) as server:

@@ -173,16 +173,16 @@ class _DecodeThread:
             if self._sleeping:
                 self._sleeping = False
                 self._wake.release()
-        if cancelled is not None:
-            while not call.done.acquire(timeout=CANCEL_POLL_SECONDS):
-                if cancelled():
-                    with self._lock:
-                        if batcher.running == [call]:  # other slots' tokens in the call are never lost
-                            batcher.abort.set(True)
-                    break
-            else:
-                return
-        call.done.acquire()
+        if cancelled is None:
+            call.done.acquire()
+            return
+        aborted = False
+        while not call.done.acquire(timeout=CANCEL_POLL_SECONDS):
+            if not aborted and cancelled():
+                with self._lock:
+                    if batcher.running == [call]:  # a call with other slots' tokens runs to its end
+                        batcher.abort.set(True)
+                        aborted = True
 
     def _sleep(self, timeout: float) -> None:
         """Wait for submit() (after setting _sleeping), or ``timeout`` seconds (-1: no limit)."""

@@ -195,3 +195,14 @@ def test_a_client_gone_mid_prompt_frees_its_slot(server):
         assert time.monotonic() < deadline, server.logs()[-3000:]
         time.sleep(0.2)
     assert_answers_paris(server.url)
+
+
+def test_a_prompt_after_another_slots_stream_has_ended_goes_in_large_calls(smollm2):
+    engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=2048)
+    first, second = engine.new_slots(2, 1)
+    first.prefill(engine.tokenizer.prompt("Hello"))
+    time.sleep(0.5)  # 50 times what a running stream takes to come back: the first slot's stream has ended
+    prompt = engine.tokenizer.prompt(" ".join(f"item {i}" for i in range(350)))
+    before = engine._batcher.calls
+    second.prefill(prompt)
+    assert engine._batcher.calls - before == -(-len(prompt) // llamacpp_engine.BATCH)

@@ -241,7 +241,8 @@ class _Batcher:
         self.running: list[_Call] = []  # the calls of the llama_decode under way
         self.abort = _AbortFlag(ctx)
         self._batch = llama_cpp.llama_batch_init(BATCH + seqs, 0, 1)
-        self._last_round: set[int] = set()  # the sequences of the previous call
+        self._last_round: set[int] = set()  # the sequences of the previous call, and when it ended
+        self._last_end = 0.0
         self._embeddings = False
         self.calls = 0  # decode calls made, and of them aborted (for tests and benchmarks)
         self.aborted = 0
@@ -251,8 +252,11 @@ class _Batcher:
         _decode_thread.submit(self, call, cancelled)
 
     def alone(self, seq: int) -> bool:
-        """Whether sequence ``seq`` is the only one decoding: the last call and the waiting ones are its own."""
-        return self._last_round <= {seq} and all(call.seq == seq for call in self.waiting)
+        """Whether sequence ``seq`` is the only one decoding: no other is waiting, and the others of the
+        last call, if any, have not come back within GATHER_SECONDS (their streams have ended)."""
+        if any(call.seq != seq for call in self.waiting):
+            return False
+        return self._last_round <= {seq} or _monotonic() - self._last_end > GATHER_SECONDS
 
     def gathered(self) -> bool:
         """Whether every sequence of the previous call is waiting again, or the waiting tokens fill a batch."""
@@ -299,6 +303,7 @@ class _Batcher:
         batch.n_tokens = n
         self.calls += 1
         status = llama_cpp.llama_decode(self._ctx, batch)
+        self._last_end = _monotonic()
         self.aborted += status == 2
         for call, index in zip(calls, last):
             if status != 0:

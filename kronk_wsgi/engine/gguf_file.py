@@ -8,6 +8,7 @@ inside the file before an engine sees it.
 """
 
 import dataclasses
+import functools
 import mmap
 import os
 import struct
@@ -59,9 +60,9 @@ class TensorInfo:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class GGUFFile:
-    """A GGUF file's header: its metadata, its tensors, and where their data starts."""
+    """A GGUF file's header: its metadata, its tensors, and where their data starts (shared: never changed)."""
 
     path: Path
     version: int
@@ -151,16 +152,26 @@ def _tensor_bytes(type_id: int, shape: tuple[int, ...]) -> int:
 
 
 def read_gguf(path: Path) -> GGUFFile:
-    """Read and check a GGUF file's header; raise BadModelFile if unusable."""
-    size = os.path.getsize(path)
+    """Read and check a GGUF file's header; raise BadModelFile if unusable.
+
+    A load asks for it several times (memory estimate, engine choice, the engine itself), and
+    parsing SmolLM2's 49k-token vocabulary takes ~0.12 s: the last few files read are kept,
+    each for as long as its size and modification time stay the same.
+    """
+    stat = os.stat(path)
+    return _read_gguf(Path(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_gguf(path: Path, size: int, mtime_ns: int) -> GGUFFile:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             with memoryview(mapped) as view:
-                return _parse(Path(path), view, size)
+                return _parse(path, view, size)
     except (struct.error, UnicodeError, OverflowError, MemoryError, ValueError) as exc:
         if isinstance(exc, BadModelFile):
-            raise BadModelFile(f"{Path(path).name}: {exc}") from None
-        raise BadModelFile(f"{Path(path).name}: not a readable GGUF file ({exc})") from None
+            raise BadModelFile(f"{path.name}: {exc}") from None
+        raise BadModelFile(f"{path.name}: not a readable GGUF file ({exc})") from None
 
 
 def _parse(path: Path, view: memoryview, size: int) -> GGUFFile:

@@ -28,7 +28,7 @@ def _model_row(model_id: str) -> dict:
     spec = kronk.settings.models[model_id]
     row = {"id": model_id, "source": spec.describe(), "loaded": False, "default": model_id == kronk.settings.default_model,
            "load_error": kronk.pool.load_errors.get(model_id)}
-    loaded = next((m for m in kronk.pool.loaded() if m.id == model_id), None)
+    loaded = kronk.pool.loaded_model(model_id)
     if loaded is not None:
         admitted = loaded.admitted
         free = loaded.free_slot_count
@@ -56,7 +56,7 @@ def unload(model_id: str):
     kronk = state()
     if model_id not in kronk.settings.models:
         raise ApiError(404, f"the model {model_id[:100]!r} does not exist", code="model_not_found", param="model")
-    if not kronk.pool.is_loaded(model_id):
+    if kronk.pool.loaded_model(model_id) is None:
         raise ApiError(409, f"model {model_id!r} is not loaded", code="not_loaded")
     if not kronk.pool.unload(model_id, "admin"):
         raise ApiError(409, f"model {model_id!r} is in use: it is unloaded once its requests are done",

@@ -16,7 +16,7 @@ bp = Blueprint("service", __name__)
 def _model_card(model_id: str) -> dict:
     pool = state().pool
     card = {"id": model_id, "object": "model", "owned_by": "kronk_wsgi", "created": 0}
-    loaded = next((m for m in pool.loaded() if m.id == model_id), None)
+    loaded = pool.loaded_model(model_id)
     if loaded is not None:
         card["created"] = loaded.created
         card["context_length"] = loaded.engine.context_length

@@ -194,8 +194,9 @@ class ModelPool:
         self.loaded_once: set[str] = set()
         self._sweeper: Optional[gevent.Greenlet] = None
 
-    def is_loaded(self, model_id: str) -> bool:
-        return model_id in self._loaded
+    def loaded_model(self, model_id: str) -> Optional[LoadedModel]:
+        """The model if it is loaded (not claimed: for looking at it only); None if not."""
+        return self._loaded.get(model_id)
 
     def loaded(self) -> list[LoadedModel]:
         return list(self._loaded.values())

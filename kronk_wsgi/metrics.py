@@ -5,7 +5,9 @@ start (server.on_starting): every worker then writes its values to files there,
 and /metrics, whichever worker answers, reports the whole server.
 """
 
+import bisect
 import os
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
@@ -55,3 +57,37 @@ class Metrics:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry)
+
+
+class GapCounter:
+    """One stream's inter-token gaps, counted here and added to the histogram about once a second.
+
+    ``Histogram.observe`` writes two values to the metrics file under a lock: ~80 µs of the event
+    loop for each token (SmolLM2 on llama.cpp, one stream). A stream's gaps fall in a few buckets,
+    so adding each bucket's count at once costs a few writes a second instead; the result is
+    what observing each gap gives (tested). Call ``flush`` when the stream ends.
+    """
+
+    FLUSH_SECONDS = 1.0
+
+    def __init__(self, histogram) -> None:
+        self._histogram = histogram  # one labelled child
+        self._counts: dict[int, int] = {}
+        self._sum = 0.0
+        self._flushed = time.monotonic()
+
+    def observe(self, gap: float) -> None:
+        bucket = bisect.bisect_left(self._histogram._upper_bounds, gap)  # the first bound >= gap, as observe() picks
+        self._counts[bucket] = self._counts.get(bucket, 0) + 1
+        self._sum += gap
+        if time.monotonic() - self._flushed >= self.FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._counts:
+            self._histogram._sum.inc(self._sum)
+            for bucket, count in self._counts.items():
+                self._histogram._buckets[bucket].inc(count)
+        self._counts.clear()
+        self._sum = 0.0
+        self._flushed = time.monotonic()

@@ -3,6 +3,9 @@
 import openai
 import pytest
 import requests
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from kronk_wsgi.metrics import GapCounter
 
 from .support.rawhttp import RawStream, data_of
 
@@ -156,3 +159,37 @@ def test_metrics_count_outcomes(server):
     assert 'kronk_requests_total{model="tiny",outcome="ok",route="/v1/chat/completions",status="200"}' in text
     assert "kronk_time_to_first_token_seconds_count" in text
     assert 'kronk_tokens_total{kind="completion",model="tiny"}' in text
+
+
+def test_inter_token_gaps_reach_the_metrics(server):
+    def gaps() -> float:
+        counts = samples(requests.get(server.url + "/metrics").text)
+        return float(counts.get('kronk_inter_token_latency_seconds_count{model="tiny"}', 0))
+
+    before = gaps()
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 6, "stream": True, "seed": 1, "logit_bias": {"2": -100}}
+    with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as response:
+        texts = [line for line in response.iter_lines() if b'"content":"' in line and b'"content":""' not in line]
+    assert len(texts) >= 2
+    assert len(texts) - 1 <= gaps() - before <= 5  # a gap between each two of the six tokens that made text
+
+
+def samples(exposition: str) -> dict[str, str]:
+    return dict(line.rsplit(" ", 1) for line in exposition.splitlines() if line and not line.startswith("#"))
+
+
+def test_gap_counter_gives_what_observing_each_gap_gives():
+    registry = CollectorRegistry()
+    counted = Histogram("counted", "", ["model"], buckets=(0.001, 0.01, 0.1), registry=registry).labels("m")
+    observed = Histogram("observed", "", ["model"], buckets=(0.001, 0.01, 0.1), registry=registry).labels("m")
+    gaps = GapCounter(counted)
+    for gap in (0.0005, 0.001, 0.002, 0.01, 0.05, 0.5, 0.003, 0.003):  # bounds themselves included
+        gaps.observe(gap)
+        observed.observe(gap)
+    assert samples(generate_latest(registry).decode())['counted_count{model="m"}'] == "0.0"  # not flushed yet
+    gaps.flush()
+    values = samples(generate_latest(registry).decode())
+    compared = [name for name in values if name.startswith("observed") and "_created" not in name]
+    assert len(compared) == 6  # four buckets, count, sum
+    for name in compared:
+        assert values[name.replace("observed", "counted", 1)] == values[name], name

@@ -13,7 +13,7 @@ from typing import Callable, Generator, Iterator, Optional
 import structlog
 
 from ..engine.base import Cancelled, Slot
-from ..metrics import Metrics
+from ..metrics import GapCounter, Metrics
 from .channel import ThreadChannel
 from .drain import Drain
 from .events import (
@@ -93,6 +93,7 @@ class Session:
         self.client_gone = client_gone
         self.metrics = metrics
         self.stats = GenerationStats(prompt_tokens=job.prompt_tokens)
+        self._gaps = GapCounter(metrics.inter_token_latency.labels(model.id))
         self._events: Optional[Generator[Event, None, None]] = None
 
     def __iter__(self) -> Iterator[Event]:
@@ -125,6 +126,7 @@ class Session:
             yield from self._relay(channel, cancel)
         finally:
             cancel.set = True
+            self._gaps.flush()
             self.stats.completion_tokens = self.job.completion_tokens
             if not self.stats.outcome:
                 self.stats.outcome = "client_gone"
@@ -165,7 +167,6 @@ class Session:
     def _relay(self, channel: ThreadChannel, cancel: _Cancel) -> Iterator[Event]:
         """Pass the worker's events on, with keep-alives, deadline and disconnect checks."""
         labels = self.model.id
-        itl = self.metrics.inter_token_latency.labels(labels)
         quiet_since = checked = time.monotonic()
         last_token: Optional[float] = None
         while True:
@@ -185,7 +186,7 @@ class Session:
                     self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
                 if isinstance(item, (TextDelta, ReasoningDelta)):
                     if last_token is not None:
-                        itl.observe(produced - last_token)
+                        self._gaps.observe(produced - last_token)
                     last_token = produced
                 batch.append(item)
             yield from coalesce(batch)

@@ -7,11 +7,12 @@ from flask import Response
 
 KEEPALIVE_COMMENT = ": keep-alive\n\n"
 DONE = "data: [DONE]\n\n"
+_compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # one, not one per frame
 
 
 def sse(data: dict, event: Optional[str] = None) -> str:
     """One SSE frame with a compact JSON payload."""
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    payload = _compact_json(data)
     return f"event: {event}\ndata: {payload}\n\n" if event else f"data: {payload}\n\n"
 
 

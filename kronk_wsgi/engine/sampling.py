@@ -73,7 +73,8 @@ class Sampler:
         p = self.params
         if p.temperature == 0:
             return int(np.argmax(logits))
-        logits /= p.temperature
+        if p.temperature != 1.0:
+            logits /= p.temperature
         if p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0:  # no filter, no sort
             logits -= logits.max()
             return self._draw(np.exp(logits, out=logits))
@@ -109,8 +110,11 @@ class Sampler:
         The running sum goes block by block, then within the block drawn: over a whole
         49k vocabulary it took 0.6 ms a token.
         """
-        starts = np.arange(0, len(weights), DRAW_BLOCK)
-        cumulative = np.cumsum(np.add.reduceat(weights, starts, dtype=np.float64))
+        whole = len(weights) - len(weights) % DRAW_BLOCK
+        sums = weights[:whole].reshape(-1, DRAW_BLOCK).sum(axis=1, dtype=np.float64)
+        if whole < len(weights):
+            sums = np.append(sums, weights[whole:].sum(dtype=np.float64))
+        cumulative = np.cumsum(sums)
         target = min(self._rng.random() * cumulative[-1], np.nextafter(cumulative[-1], 0.0))
         block = int(np.searchsorted(cumulative, target, side="right"))  # its weights sum to more than 0
         start = block * DRAW_BLOCK

@@ -153,7 +153,7 @@ class _DecodeThread:
     a graph's steps stop spinning and sleep: a stream decoded from a second calling thread ran at
     20 ms a token instead of 8 (SmolLM2, 2 threads). So slot threads hand their tokens to this
     thread and wait. Each call it makes takes every waiting slot of one model; before a call it
-    gives the slots of that model's previous call up to GATHER_SECONDS to come back with their
+    gives the slots of that model's previous call up to GATHER_SECONDS after it to come back with their
     next tokens (they sample in between), so a model's streams advance together, one call per step.
     """
 
@@ -217,7 +217,7 @@ class _DecodeThread:
 
     def _gather(self, batcher: "_Batcher") -> None:
         """Wait (briefly) until the slots of the batcher's previous call are back, or its batch is full."""
-        deadline = _monotonic() + GATHER_SECONDS
+        deadline = batcher.last_end + GATHER_SECONDS  # slots not back by then have ended their streams
         while True:
             with self._lock:
                 left = deadline - _monotonic()
@@ -242,7 +242,7 @@ class _Batcher:
         self.abort = _AbortFlag(ctx)
         self._batch = llama_cpp.llama_batch_init(BATCH + seqs, 0, 1)
         self._last_round: set[int] = set()  # the sequences of the previous call, and when it ended
-        self._last_end = 0.0
+        self.last_end = 0.0
         self._embeddings = False
         self.calls = 0  # decode calls made, and of them aborted (for tests and benchmarks)
         self.aborted = 0
@@ -256,7 +256,7 @@ class _Batcher:
         last call, if any, have not come back within GATHER_SECONDS (their streams have ended)."""
         if any(call.seq != seq for call in self.waiting):
             return False
-        return self._last_round <= {seq} or _monotonic() - self._last_end > GATHER_SECONDS
+        return self._last_round <= {seq} or _monotonic() - self.last_end > GATHER_SECONDS
 
     def gathered(self) -> bool:
         """Whether every sequence of the previous call is waiting again, or the waiting tokens fill a batch."""
@@ -303,7 +303,7 @@ class _Batcher:
         batch.n_tokens = n
         self.calls += 1
         status = llama_cpp.llama_decode(self._ctx, batch)
-        self._last_end = _monotonic()
+        self.last_end = _monotonic()
         self.aborted += status == 2
         for call, index in zip(calls, last):
             if status != 0:

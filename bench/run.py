@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import requests
 
@@ -302,16 +302,16 @@ def streams_together(url: str, tokens: int, count: int) -> float:
     return sum(r["completion_tokens"] for r in results) / (time.perf_counter() - started)
 
 
-def serving_measures(url: str, tokens: int, round_: int) -> dict:
-    """One round of the measures; its long prompt starts differently from every other round's: nothing is cached."""
+def serving_measures(tokens: int, round_: int) -> list[tuple[str, Callable[[str], float]]]:
+    """One round's measures, in order; its long prompt starts differently from every other round's: nothing is cached."""
     long_prompt = f"Round {round_}. {LONG_PROMPT}"
-    return {
-        "decode": one_stream(url, tokens, "Tell me a story.", (0, 2))["tokens_per_s"],
-        "ttft_uncached": one_stream(url, 1, long_prompt, (0, 2))["ttft_s"],
-        "ttft_repeated": one_stream(url, 1, long_prompt + " And then?", (0, 2))["ttft_s"],
-        "two_streams": streams_together(url, tokens, 2),
-        "four_streams": streams_together(url, tokens, 4),
-    }
+    return [
+        ("decode", lambda url: one_stream(url, tokens, "Tell me a story.", (0, 2))["tokens_per_s"]),
+        ("ttft_uncached", lambda url: one_stream(url, 1, long_prompt, (0, 2))["ttft_s"]),
+        ("ttft_repeated", lambda url: one_stream(url, 1, long_prompt + " And then?", (0, 2))["ttft_s"]),
+        ("two_streams", lambda url: streams_together(url, tokens, 2)),
+        ("four_streams", lambda url: streams_together(url, tokens, 4)),
+    ]
 
 
 @contextlib.contextmanager
@@ -350,8 +350,9 @@ def engines_side_by_side(tokens: int, llama_server: Optional[str], rounds: int) 
     """SmolLM2 on ctransformers, on llama.cpp and (if given) on llama-server, all running, measured in turns.
 
     ctransformers gets 2 slots of 1 thread (its slots decode at once, each on its own threads); llama.cpp
-    and llama-server get 4 slots and 2 threads (a model's slots share each call). Each round measures
-    every server once, one after the other, so a slow moment of the machine is shared out; the table
+    and llama-server get 4 slots and 2 threads (a model's slots share each call). Each round takes
+    each measure on every server, one right after the other (in reverse order every other round),
+    so that a slow moment of the machine falls on both sides of a ratio as far as it can; the table
     gives each measure's median over the rounds, and the ratios to llama-server with their spread.
     """
     path = fetch_smollm2()
@@ -373,8 +374,13 @@ def engines_side_by_side(tokens: int, llama_server: Optional[str], rounds: int) 
             one_stream(url, 5, "warm up", (0, 2))
         runs: dict[str, list[dict]] = {name: [] for name in urls}
         for round_ in range(rounds):
-            for name, url in urls.items():
-                runs[name].append(serving_measures(url, tokens, round_))
+            measured: dict[str, dict] = {name: {} for name in urls}
+            order = list(urls) if round_ % 2 == 0 else list(reversed(urls))  # a drift favours no side
+            for key, measure in serving_measures(tokens, round_):
+                for name in order:
+                    measured[name][key] = measure(urls[name])
+            for name in urls:
+                runs[name].append(measured[name])
     (workdir / "latest.json").write_text(json.dumps(runs, indent=2))
     names = list(runs)
     print(f"model {path.name}, {tokens} tokens per stream, {rounds} rounds; medians of: {', '.join(names)}"

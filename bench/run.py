@@ -4,7 +4,7 @@
     python bench/run.py --model smollm2 [--tokens 200]
     python bench/run.py --storm
     python bench/run.py --grammar [--tokens 200]
-    python bench/run.py --engines [--tokens 100] [--rounds 5] [--llama-server PATH]
+    python bench/run.py --engines [--tokens 100] [--rounds 7] [--llama-server PATH]
     python bench/run.py --chunks
 
 Everything is measured side by side in one run on the same model, because these
@@ -430,7 +430,7 @@ def main() -> None:
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of measures (--engines)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines)")
     args = parser.parse_args()
     if args.engines:
         print_rows(engines_side_by_side(args.tokens, args.llama_server, args.rounds))

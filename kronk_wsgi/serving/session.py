@@ -217,7 +217,8 @@ class Session:
         return None
 
     def _finish(self, item: object) -> Event:
-        """The terminal event: Finished, or Failed for an engine exception."""
+        """The terminal event: Finished, or Failed for an engine exception (its metrics written before it goes out)."""
+        self._gaps.flush()
         if isinstance(item, Finished):
             self.stats.outcome = "ok"
             self.stats.cached_tokens = item.usage.cached_tokens

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -115,6 +116,17 @@ def run_server(tmp_path: Path, env: dict, args=(), ready: str = "/v1/readiness")
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def metric(server, name: str, **labels) -> float:
+    """A sample's value in the server's /metrics, by name and labels; 0 if it is not there yet."""
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line.partition("}")[0]))
+            if all(found.get(k) == v for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from kronk_wsgi.metrics import GapCounter
 
+from .conftest import metric
 from .support.rawhttp import RawStream, data_of
 
 HELLO = [{"role": "user", "content": "Hello there"}]
@@ -162,16 +163,16 @@ def test_metrics_count_outcomes(server):
 
 
 def test_inter_token_gaps_reach_the_metrics(server):
-    def gaps() -> float:
-        counts = samples(requests.get(server.url + "/metrics").text)
-        return float(counts.get('kronk_inter_token_latency_seconds_count{model="tiny"}', 0))
-
-    before = gaps()
-    body = {"model": "tiny", "messages": HELLO, "max_tokens": 6, "stream": True, "seed": 1, "logit_bias": {"2": -100}}
-    with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=60) as response:
-        texts = [line for line in response.iter_lines() if b'"content":"' in line and b'"content":""' not in line]
-    assert len(texts) >= 2
-    assert len(texts) - 1 <= gaps() - before <= 5  # a gap between each two of the six tokens that made text
+    before = metric(server, "kronk_inter_token_latency_seconds_count", model="tiny")
+    body = {"model": "tiny", "messages": HELLO, "max_tokens": 6, "seed": 1, "logit_bias": {"2": -100}, "stream": True,
+            "stream_options": {"include_usage": True}}
+    _, frames = stream_frames(server, body)
+    chunks = [data_of(frame) for frame in frames[:-1]]
+    assert data_of(frames[-1]) == "[DONE]"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert chunks[-1]["usage"]["completion_tokens"] == 6 and len(text.split()) == 6
+    # Six tokens, each with text (whether or not frames merged them): five gaps, written before [DONE] goes out.
+    assert metric(server, "kronk_inter_token_latency_seconds_count", model="tiny") - before == 5
 
 
 def samples(exposition: str) -> dict[str, str]:

@@ -4,7 +4,6 @@ These need slow or failing engine steps, so the servers here run the real
 engine wrapped by tests.support.faulty (delays and failures injected).
 """
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from .conftest import FAULTY, run_server
+from .conftest import FAULTY, metric, run_server
 from .support.rawhttp import RawStream, data_of
 
 HELLO = [{"role": "user", "content": "Hello there"}]
@@ -26,16 +25,6 @@ def faulty_env(tiny_model, **extra):
 
 def stream(server, body):
     return RawStream(server.host, server.port, CHAT, {"model": "tiny", "messages": HELLO, "stream": True, **body})
-
-
-def metric(server, name: str, **labels) -> float:
-    text = requests.get(server.url + "/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.partition("}")[0]))
-            if all(found.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 @pytest.fixture(scope="module")

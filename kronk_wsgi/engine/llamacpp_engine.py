@@ -217,7 +217,7 @@ class _DecodeThread:
 
     def _gather(self, batcher: "_Batcher") -> None:
         """Wait (briefly) until the slots of the batcher's previous call are back, or its batch is full."""
-        deadline = batcher.last_end + GATHER_SECONDS  # slots not back by then have ended their streams
+        deadline = batcher.gather_deadline()
         while True:
             with self._lock:
                 left = deadline - _monotonic()
@@ -242,7 +242,7 @@ class _Batcher:
         self.abort = _AbortFlag(ctx)
         self._batch = llama_cpp.llama_batch_init(BATCH + seqs, 0, 1)
         self._last_round: set[int] = set()  # the sequences of the previous call, and when it ended
-        self.last_end = 0.0
+        self._last_end = 0.0
         self._embeddings = False
         self.calls = 0  # decode calls made, and of them aborted (for tests and benchmarks)
         self.aborted = 0
@@ -251,12 +251,16 @@ class _Batcher:
         """Evaluate a call's tokens, in one decode call with the other slots' waiting tokens."""
         _decode_thread.submit(self, call, cancelled)
 
+    def gather_deadline(self) -> float:
+        """GATHER_SECONDS after the last call ended: slots of that call not back by then have ended their streams."""
+        return self._last_end + GATHER_SECONDS
+
     def alone(self, seq: int) -> bool:
         """Whether sequence ``seq`` is the only one decoding: no other is waiting, and the others of the
-        last call, if any, have not come back within GATHER_SECONDS (their streams have ended)."""
+        last call, if any, did not come back by the gather deadline."""
         if any(call.seq != seq for call in self.waiting):
             return False
-        return self._last_round <= {seq} or _monotonic() - self.last_end > GATHER_SECONDS
+        return self._last_round <= {seq} or _monotonic() > self.gather_deadline()
 
     def gathered(self) -> bool:
         """Whether every sequence of the previous call is waiting again, or the waiting tokens fill a batch."""
@@ -303,7 +307,7 @@ class _Batcher:
         batch.n_tokens = n
         self.calls += 1
         status = llama_cpp.llama_decode(self._ctx, batch)
-        self.last_end = _monotonic()
+        self._last_end = _monotonic()
         self.aborted += status == 2
         for call, index in zip(calls, last):
             if status != 0:

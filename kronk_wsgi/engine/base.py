@@ -55,7 +55,7 @@ class Slot(abc.ABC):
 
     @abc.abstractmethod
     def logits(self) -> np.ndarray:
-        """Logits after the last evaluated token (a copy, float32, n_vocab)."""
+        """Logits after the last evaluated token (float32, n_vocab): the caller's to keep; it may be read-only."""
 
     @abc.abstractmethod
     def embedding(self) -> np.ndarray:

@@ -316,6 +316,7 @@ class _Batcher:
                 continue
             logits = llama_cpp.llama_get_logits_ith(self._ctx, index)
             call.logits = np.ctypeslib.as_array(logits, shape=(self._n_vocab,)).copy()
+            call.logits.flags.writeable = False  # handed to the slot's caller as is
             embedding = llama_cpp.llama_get_embeddings_ith(self._ctx, index) if embeddings else None
             if embedding:
                 call.embedding = np.ctypeslib.as_array(embedding, shape=(self._n_embd,)).copy()
@@ -362,7 +363,7 @@ class LlamaCppSlot(Slot):
         self._logits, self._embedding = call.logits, call.embedding
 
     def logits(self) -> np.ndarray:
-        return self._logits.copy()
+        return self._logits
 
     def embedding(self) -> np.ndarray:
         """The last token evaluated once more, with embeddings on (they slow every other call down)."""

@@ -11,11 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+import numpy as np
 import pytest
 from openai import OpenAI
 
 from kronk_wsgi.engine import llamacpp_engine
-from kronk_wsgi.engine.base import Cancelled
+from kronk_wsgi.engine.base import Cancelled, EngineError
 from kronk_wsgi.engine.demo_model import write_demo_model
 from kronk_wsgi.engine.generate import Generation
 from kronk_wsgi.engine.sampling import SamplingParams
@@ -110,6 +111,43 @@ def test_concurrent_streams_each_get_their_own_answer(server):
         others = set(capitals.values()) - {capitals[country]}
         for reply in (reply_alone, reply_together):
             assert capitals[country] in reply and not any(city in reply for city in others), (country, reply)
+
+
+def test_logprobs_come_from_the_call_that_picked_the_token(server):
+    """Tokens are picked in the decode thread, on llama.cpp's own logits: their log probabilities too."""
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    reply = client.chat.completions.create(model="smollm2", messages=[QUESTION], temperature=0, max_tokens=8,
+                                           logprobs=True, top_logprobs=2)
+    tokens = reply.choices[0].logprobs.content
+    assert len(tokens) == reply.usage.completion_tokens == 8
+    assert "".join(t.token for t in tokens) == reply.choices[0].message.content
+    for token in tokens:  # greedy: the picked token is the likeliest
+        assert token.top_logprobs[0].token == token.token and token.top_logprobs[0].logprob == token.logprob <= 0
+
+
+def test_a_pick_reads_the_calls_logits_and_its_failure_reaches_the_slot(smollm2):
+    engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=512)
+    slot, other = engine.new_slots(2, 1)
+    prompt = engine.tokenizer.prompt("The capital of France is")
+    slot.prefill(prompt)
+    first = int(np.argmax(slot.logits()))
+    seen = []
+
+    def pick(logits):
+        seen.append((logits.flags.writeable, logits.copy()))
+        return int(np.argmax(logits))
+
+    second = slot.decode([first], pick)
+    assert len(seen) == 1 and seen[0][0] is False  # llama.cpp's buffer, lent read-only
+    other.prefill(prompt + [first])
+    assert second == int(np.argmax(other.logits()))
+    np.testing.assert_allclose(seen[0][1], other.logits(), atol=1e-3)
+    with pytest.raises(EngineError):
+        slot.logits()  # they went to the pick
+    with pytest.raises(ZeroDivisionError):  # raised in the decode thread, handed to the slot's
+        slot.decode([second], lambda logits: 1 // 0)
+    assert slot.cached == []  # after a failed decode the slot starts over
+    assert slot.prefill(prompt + [first]) == 0 and int(np.argmax(slot.logits())) == second
 
 
 def test_slots_share_decode_calls(smollm2):

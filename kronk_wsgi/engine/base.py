@@ -16,6 +16,9 @@ import numpy as np
 from .tokenizer import Tokenizer
 
 
+# Chooses the next token from the logits after a decode call (read-only; they may be gone after it returns).
+Pick = Callable[[np.ndarray], int]
+
 # The context served when neither the configuration nor the file gives one.
 DEFAULT_CONTEXT_LENGTH = 2048
 
@@ -50,8 +53,12 @@ class Slot(abc.ABC):
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
 
     @abc.abstractmethod
-    def _eval(self, tokens: Sequence[int], n_past: int) -> None:
-        """Evaluate ``tokens`` at positions ``n_past``...; one C call."""
+    def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None) -> Optional[int]:
+        """Evaluate ``tokens`` at positions ``n_past``...; one C call.
+
+        An engine that can run ``pick`` where its logits are returns ``pick(logits)``; the others
+        return None, and ``decode`` calls ``pick`` on ``logits()``.
+        """
 
     @abc.abstractmethod
     def logits(self) -> np.ndarray:
@@ -84,15 +91,21 @@ class Slot(abc.ABC):
             start = end
         return keep
 
-    def decode(self, tokens: Sequence[int]) -> None:
-        """Append ``tokens`` to the cache and compute the next logits."""
+    def decode(self, tokens: Sequence[int], pick: Optional[Pick] = None) -> Optional[int]:
+        """Append ``tokens`` to the cache and compute the next logits; with ``pick``, return ``pick(logits)``.
+
+        The engine may run ``pick`` in another thread, on logits it does not keep (llama.cpp: in its
+        decode thread, before its next call), so that they are read once, where they were written;
+        ``logits()`` then has none until the next decode without ``pick``.
+        """
         n_past = len(self.cached)
         try:
-            self._eval(tokens, n_past)
+            picked = self._eval(tokens, n_past, pick)
         except Exception:
             self.cached.clear()  # the cache may hold anything now
             raise
         self.cached.extend(tokens)
+        return pick(self.logits()) if pick is not None and picked is None else picked
 
 
 class Engine(abc.ABC):

@@ -60,7 +60,7 @@ class CTransformersSlot(Slot):
         self._threads = threads
         self._n_vocab = llm.ctransformers_llm_vocab_size()
 
-    def _eval(self, tokens: Sequence[int], n_past: int) -> None:
+    def _eval(self, tokens: Sequence[int], n_past: int, pick=None) -> None:  # decode picks, on logits()
         array = (ctypes.c_int * len(tokens))(*tokens)
         ok = self._llm.ctransformers_llm_batch_eval(array, len(tokens), n_past, len(tokens), self._threads)
         if not ok:

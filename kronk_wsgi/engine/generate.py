@@ -152,23 +152,40 @@ class Generation:
         thinking = bool(self.thinking_close) and self.thinking_budget is not None
         thinking_end = TagWatch(self.thinking_close)
         closing: list[int] = []  # the closing tag's tokens, forced once the budget is spent
+        allowed: Optional[np.ndarray] = None  # what the next token may be (None: any), or
+        forced: Optional[int] = None  # what it must be
+        sampled: Optional[SampledToken] = None
+
+        def pick(logits: np.ndarray) -> int:
+            """The next token (and its log probabilities): the engine runs it right after its call."""
+            nonlocal sampled
+            mask = allowed
+            if forced is not None:
+                mask = np.zeros(len(logits), dtype=bool)
+                mask[forced] = True
+            token = sampler.sample(logits, mask)
+            if self.top_logprobs is not None and token not in self.end_ids:
+                logprob, top = logprobs(logits, token, self.top_logprobs)
+                sampled = SampledToken(token, logprob, tuple(top))
+            return token
+
+        token: Optional[int] = None
         while True:
-            logits = slot.logits()
             allowed = constraint.allowed() if constraint else None
+            forced = None
             if thinking and not closing and self.completion_tokens >= self.thinking_budget:
                 closing = self._tokens_of(self.thinking_close)
             if closing:
-                allowed = np.zeros(len(logits), dtype=bool)
-                allowed[closing.pop(0)] = True
+                forced = closing.pop(0)
                 thinking = bool(closing)
-            token = sampler.sample(logits, allowed)
+            token = pick(slot.logits()) if token is None else slot.decode([token], pick)
             if token in self.end_ids:
                 self.finish_reason = "stop"
                 break
             self.completion_tokens += 1
-            if self.top_logprobs is not None:
-                logprob, top = logprobs(logits, token, self.top_logprobs)
-                self.sampled.append(SampledToken(token, logprob, tuple(top)))
+            if sampled is not None:
+                self.sampled.append(sampled)
+                sampled = None
             piece = self.tokenizer.token_text(token).encode() if token in self.shown else self.tokenizer.piece(token)
             if thinking and not closing:
                 thinking = not thinking_end.feed(piece)
@@ -191,7 +208,6 @@ class Generation:
                 break
             if self.cancelled():
                 raise Cancelled()
-            slot.decode([token])
         tail, stopped = stops.feed(decoder.decode(b"", final=True))
         if stopped:
             self.finish_reason, self.stop_sequence = "stop", stops.matched

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 from gevent import monkey
 
-from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Slot
+from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Pick, Slot
 from .gguf_file import read_gguf
 from .tokenizer import GGUFTokenizer
 
@@ -38,7 +38,7 @@ BATCH = 512  # tokens in one decode call: prompt chunks plus the other slots' ne
 SHARED_CHUNK = 64  # prompt tokens per call beside running streams, which wait for each call
 CANCEL_POLL_SECONDS = 0.05  # how often a slot waiting for its prompt's call asks whether it was cancelled
 # How long a call waits for the slots of the last call to come back with their next tokens
-# (they sample in between): long enough for sampling, short against a decode step.
+# (they detokenize and check stops in between): long enough for that, short against a decode step.
 GATHER_SECONDS = 0.01
 
 
@@ -132,11 +132,19 @@ def _failure(what: str) -> EngineError:
 
 
 class _Call:
-    """One slot's tokens waiting for a decode call, and what the call gives back."""
+    """One slot's tokens waiting for a decode call, and what the call gives back.
 
-    def __init__(self, seq: int, tokens: Sequence[int], n_past: int, embedding: bool = False) -> None:
+    With ``pick``, the decode thread picks the next token from the logits where llama.cpp left
+    them, right after the call (``picked``, or ``pick_error``), instead of copying them out.
+    """
+
+    def __init__(self, seq: int, tokens: Sequence[int], n_past: int, embedding: bool = False,
+                 pick: Optional[Pick] = None) -> None:
         self.seq, self.tokens, self.n_past = seq, tokens, n_past
         self.wants_embedding = embedding
+        self.pick = pick
+        self.picked: Optional[int] = None
+        self.pick_error: Optional[Exception] = None
         self.logits: Optional[np.ndarray] = None
         self.embedding: Optional[np.ndarray] = None
         self.error: Optional[str] = None
@@ -154,7 +162,9 @@ class _DecodeThread:
     20 ms a token instead of 8 (SmolLM2, 2 threads). So slot threads hand their tokens to this
     thread and wait. Each call it makes takes every waiting slot of one model; before a call it
     gives the slots of that model's previous call up to GATHER_SECONDS after it to come back with their
-    next tokens (they sample in between), so a model's streams advance together, one call per step.
+    next tokens (they detokenize and check stops in between), so a model's streams advance together,
+    one call per step. After a call it picks each slot's next token (the slot's own sampler, given with
+    its tokens) on the logits where llama.cpp left them, before the next call overwrites them.
     """
 
     def __init__(self) -> None:
@@ -314,9 +324,16 @@ class _Batcher:
                 call.error = f"llama_decode failed with status {status}"
                 call.aborted = status == 2
                 continue
-            logits = llama_cpp.llama_get_logits_ith(self._ctx, index)
-            call.logits = np.ctypeslib.as_array(logits, shape=(self._n_vocab,)).copy()
-            call.logits.flags.writeable = False  # handed to the slot's caller as is
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
+            if call.pick is None:
+                call.logits = logits.copy()
+                call.logits.flags.writeable = False  # handed to the slot's caller as is
+            else:
+                logits.flags.writeable = False
+                try:
+                    call.picked = call.pick(logits)
+                except Exception as exc:  # the slot's thread raises it
+                    call.pick_error = exc
             embedding = llama_cpp.llama_get_embeddings_ith(self._ctx, index) if embeddings else None
             if embedding:
                 call.embedding = np.ctypeslib.as_array(embedding, shape=(self._n_embd,)).copy()
@@ -348,10 +365,11 @@ class LlamaCppSlot(Slot):
         finally:
             self._cancelled = None
 
-    def _eval(self, tokens: Sequence[int], n_past: int, embedding: bool = False) -> None:
+    def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None,
+              embedding: bool = False) -> Optional[int]:
         if n_past < self._kv_end:  # a shorter prefix is reused: drop the rest of the old sequence
             llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
-        call = _Call(self._seq, tokens, n_past, embedding)
+        call = _Call(self._seq, tokens, n_past, embedding, pick)
         self._kv_end = n_past
         self._engine._batcher.decode(call, self._cancelled)
         if call.error:
@@ -361,8 +379,13 @@ class LlamaCppSlot(Slot):
             raise EngineError(call.error)
         self._kv_end = n_past + len(tokens)
         self._logits, self._embedding = call.logits, call.embedding
+        if call.pick_error is not None:
+            raise call.pick_error
+        return call.picked
 
     def logits(self) -> np.ndarray:
+        if self._logits is None:
+            raise EngineError("the last decode's logits went to its pick, not kept")
         return self._logits
 
     def embedding(self) -> np.ndarray:

@@ -32,7 +32,7 @@ class FaultySlot(CTransformersSlot):
         self.prompt_length = len(tokens)
         return super().prefill(tokens, cancelled, chunk=8 if self.prefill_delay else chunk)
 
-    def _eval(self, tokens: Sequence[int], n_past: int) -> None:
+    def _eval(self, tokens: Sequence[int], n_past: int, pick=None) -> None:
         decoded = n_past - self.prompt_length + 1
         if len(tokens) == 1 and n_past >= self.prompt_length:
             sleep(self.step_delay)

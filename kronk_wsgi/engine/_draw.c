@@ -16,7 +16,8 @@
 #define BINS (96 * BINS_PER_UNIT)  /* exp(-96) is 0 in float32: lighter tokens are in no bin */
 #define HEAD_DEPTH 8.0f     /* log-weight below the heaviest token's that most cuts fall within */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* An AVX2 copy of the vectorised passes beside the baseline one, chosen when the module loads (ifunc). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 #define FAST_PATHS __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define FAST_PATHS

@@ -4,6 +4,8 @@ u runs over an even grid instead of random numbers, so each token's share of
 the grid must match its probability to within one grid step.
 """
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,14 @@ def test_a_temperature_near_zero_draws_among_the_best_only():
     assert set(np.flatnonzero(shares(logits, float(np.finfo(np.float32).max), 0, 1.0, 0.0)).tolist()) == {1, 3}
 
 
+def test_logits_lent_by_ctypes_are_taken_as_they_are():
+    """llama.cpp's logits come through ctypes, whose buffers say "<f" where numpy's say "f"."""
+    block = (ctypes.c_float * 4)(0.0, 1.0, 3.0, 2.0)
+    logits = np.ctypeslib.as_array(ctypes.cast(block, ctypes.POINTER(ctypes.c_float)), shape=(4,))
+    assert memoryview(logits).format != "f"
+    assert draw(logits, 1.0, 1, 1.0, 0.0, 0.5) == 2
+
+
 def test_the_last_weight_is_reached_at_the_top_of_the_grid():
     logits = np.full(1000, -np.inf, dtype=np.float32)
     logits[[3, 997]] = 0.0
@@ -82,6 +92,7 @@ def test_the_last_weight_is_reached_at_the_top_of_the_grid():
     (np.full(10, np.nan, dtype=np.float32), ValueError),
     (np.array([0.0, np.inf], dtype=np.float32), ValueError),
     (np.zeros(10, dtype=np.float64), TypeError),
+    (np.zeros(10, dtype=">f4" if np.little_endian else "<f4"), TypeError),  # not this machine's byte order
     (np.zeros(0, dtype=np.float32), TypeError),
     (np.zeros(20, dtype=np.float32)[::2], ValueError),  # not contiguous
     ([0.0, 1.0], TypeError),

@@ -14,7 +14,6 @@
 #define BLOCK 256           /* weights summed together: the draw walks block sums, then one block */
 #define BINS_PER_UNIT 32    /* histogram bins per unit of log-weight */
 #define BINS (96 * BINS_PER_UNIT)  /* exp(-96) is 0 in float32: lighter tokens are in no bin */
-#define HEAD_DEPTH 8.0f     /* log-weight below the heaviest token's that most cuts fall within */
 
 /* An AVX2 copy of the vectorised passes beside the baseline one, chosen when the module loads (ifunc). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
@@ -235,17 +234,20 @@ done:
 /* Where top_k and top_p end the kept part of the order (``*cut``); -1 if memory ran out. */
 static int cut_order(const float *logits, const float *weights, Py_ssize_t n, float best, float inv_t, double total,
                      int top_k, double top_p, Cut *cut) {
-    /* Most often the cuts fall among the few tokens within HEAD_DEPTH of the heaviest: those are looked at first. */
-    Py_ssize_t heads;
-    double head_mass;
-    float lightest = expf(-HEAD_DEPTH);
-    head(weights, n, lightest, &heads, &head_mass);
-    if (top_k > 0 ? heads >= top_k : head_mass >= top_p * total) {
-        Cut first = *cut;
-        int status = cut_among(logits, weights, n, best, inv_t, total, top_k, top_p, lightest, heads, &first);
-        if (status != 0) {
-            *cut = first;
-            return status < 0 ? -1 : 0;
+    /* Most often the cuts fall among the few tokens near the heaviest: those are looked at first. */
+    static const float depths[] = {8.0f, 16.0f};
+    for (size_t d = 0; d < sizeof depths / sizeof *depths; d++) {
+        Py_ssize_t heads;
+        double head_mass;
+        float lightest = expf(-depths[d]);
+        head(weights, n, lightest, &heads, &head_mass);
+        if (top_k > 0 ? heads >= top_k : head_mass >= top_p * total) {
+            Cut first = *cut;
+            int status = cut_among(logits, weights, n, best, inv_t, total, top_k, top_p, lightest, heads, &first);
+            if (status != 0) {
+                *cut = first;
+                return status < 0 ? -1 : 0;
+            }
         }
     }
     return cut_among(logits, weights, n, best, inv_t, total, top_k, top_p, 0.0f, n, cut) < 0 ? -1 : 0;
@@ -260,6 +262,15 @@ static int filter(const float *logits, float *weights, Py_ssize_t n, float best,
     /* The heaviest token weighs 1: min_p keeps those of weight >= min_p. */
     drop(logits, weights, n, min_p > 0.0 ? (float)min_p : 0.0f, cut, block_sums);
     return 0;
+}
+
+/* Whether a buffer's format is one float32 in this machine's byte order ("f", "<f" from ctypes, ...). */
+static int is_native_float(const char *format) {
+    if (format == NULL)
+        return 0;
+    if (*format == '@' || *format == '=' || *format == (PY_LITTLE_ENDIAN ? '<' : '>'))
+        format++;
+    return strcmp(format, "f") == 0;
 }
 
 static PyObject *draw(PyObject *module, PyObject *args) {
@@ -278,7 +289,7 @@ static PyObject *draw(PyObject *module, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = view.len / (Py_ssize_t)sizeof(float);
-    if (view.itemsize != sizeof(float) || view.format == NULL || strcmp(view.format, "f") != 0 || n == 0) {
+    if (view.itemsize != sizeof(float) || !is_native_float(view.format) || n == 0) {
         PyErr_SetString(PyExc_TypeError, "draw needs a non-empty buffer of float32 logits");
         goto done;
     }

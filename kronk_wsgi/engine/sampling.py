@@ -52,7 +52,9 @@ class Sampler:
     def sample(self, logits: np.ndarray, allowed: Optional[np.ndarray] = None) -> int:
         """Pick the next token, among the ``allowed`` ones if given, and remember it for the penalties."""
         p = self.params
-        logits = np.ascontiguousarray(logits, dtype=np.float32)  # the engine's precision, as the draw takes it
+        logits = np.ascontiguousarray(logits)  # as the draw takes it (asking for float32 would copy ctypes' <f4)
+        if logits.dtype != np.float32:
+            logits = logits.astype(np.float32)  # the engine's precision
         repeated = p.repetition_penalty != 1.0 and self._recent
         counted = (p.presence_penalty or p.frequency_penalty) and self._counts
         if allowed is not None or p.logit_bias or repeated or counted:

@@ -3,7 +3,9 @@
 import base64
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -29,6 +31,7 @@ class Browser:
             [binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
              f"--user-data-dir={self._profile}", f"--window-size={width},{height}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # Debian's binary is a shell script that runs the browser as its child
         )
         port_file = Path(self._profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 30
@@ -80,10 +83,17 @@ class Browser:
         path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"]))
 
     def close(self) -> None:
+        """Stop the browser and every process it started (its whole session), then remove its profile."""
         self._socket.close()
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
+        for sig, seconds in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+            os.killpg(self._proc.pid, sig)
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                self._proc.poll()  # reaps the script once it has exited
+                try:
+                    os.killpg(self._proc.pid, 0)
+                except ProcessLookupError:  # none left
+                    shutil.rmtree(self._profile, ignore_errors=True)
+                    return
+                time.sleep(0.05)
         shutil.rmtree(self._profile, ignore_errors=True)

@@ -85,15 +85,16 @@ class Browser:
     def close(self) -> None:
         """Stop the browser and every process it started (its whole session), then remove its profile."""
         self._socket.close()
-        for sig, seconds in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-            os.killpg(self._proc.pid, sig)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                self._proc.poll()  # reaps the script once it has exited
-                try:
-                    os.killpg(self._proc.pid, 0)
-                except ProcessLookupError:  # none left
-                    shutil.rmtree(self._profile, ignore_errors=True)
-                    return
-                time.sleep(0.05)
-        shutil.rmtree(self._profile, ignore_errors=True)
+        try:
+            for sig, seconds in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+                os.killpg(self._proc.pid, sig)
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    self._proc.poll()  # reaps the script once it has exited
+                    try:
+                        os.killpg(self._proc.pid, 0)
+                    except ProcessLookupError:  # none left
+                        return
+                    time.sleep(0.05)
+        finally:
+            shutil.rmtree(self._profile, ignore_errors=True)

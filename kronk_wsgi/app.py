@@ -10,11 +10,9 @@ from flask_cors import CORS
 from gevent.threadpool import ThreadPool
 from werkzeug.exceptions import HTTPException
 
-from .api import (
-    admin, anthropic, console, hooks, openai_chat, openai_completions, openai_embeddings, openai_responses, service,
-    tokens,
-)
-from .api.errors import ApiError, error_response
+from .api import hooks
+from .api.errors import ApiError
+from .api.protocols import PROTOCOLS
 from .api.state import KronkState
 from .api.response_store import ResponseStore
 from .config import FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
@@ -23,10 +21,6 @@ from .metrics import Metrics
 from .serving.pool import ModelPool, ModelUnavailable
 
 log = structlog.get_logger("kronk_wsgi.app")
-
-# Threads per app that parse and validate request bodies. One: the work holds the GIL, and two threads
-# handing it to each other would starve the event loop longer.
-REQUEST_WORKERS = 1
 
 
 class Kronk:
@@ -52,16 +46,15 @@ class Kronk:
         settings = settings_from_config(app.config)
         metrics = Metrics()
         pool = ModelPool(settings, metrics)
-        workers = ThreadPool(REQUEST_WORKERS)
+        # One thread parses bodies: the work holds the GIL, and two threads handing it to each other would
+        # starve the event loop longer.
+        body_thread = ThreadPool(1)
         prefix = url_prefix.rstrip("/")
         store = ResponseStore(Path(settings.responses_db or cache_dir() / "responses.sqlite3"), settings.responses_keep)
-        app.extensions["kronk"] = KronkState(settings, pool, metrics, workers, store, prefix)
+        app.extensions["kronk"] = KronkState(settings, pool, metrics, body_thread, store, PROTOCOLS, prefix)
         api = Blueprint("kronk", __name__)
-        for blueprint in (
-            service.bp, openai_chat.bp, openai_responses.bp, openai_completions.bp, openai_embeddings.bp,
-            tokens.bp, anthropic.bp, admin.bp, console.bp,
-        ):
-            api.register_blueprint(blueprint)
+        for protocol in PROTOCOLS.all:
+            api.register_blueprint(protocol.blueprint)
         hooks.install(api)
         if settings.cors_origins:
             CORS(api, origins=settings.cors_origins, expose_headers=["X-Request-ID", "request-id"], max_age=600)
@@ -86,5 +79,5 @@ def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:
     app.config.update(config or {})
     Kronk(app)
     # The standalone server is all API: paths outside kronk_wsgi's routes answer in JSON too.
-    app.register_error_handler(HTTPException, lambda exc: error_response(ApiError.from_http(exc), request.path))
+    app.register_error_handler(HTTPException, lambda exc: PROTOCOLS.for_path(request.path).error_response(ApiError.from_http(exc)))
     return app

@@ -9,7 +9,7 @@ from kronk_wsgi.engine.base import Cancelled
 from kronk_wsgi.engine.chat_template import ChatTemplate, ChatTemplateError
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine
 from kronk_wsgi.engine.demo_model import write_demo_model
-from kronk_wsgi.engine.generate import Generation, StopScanner
+from kronk_wsgi.engine.generate import DecodeOptions, Generation, StopScanner
 from kronk_wsgi.engine.gguf_file import BadModelFile, read_gguf
 from kronk_wsgi.engine.sampling import Sampler, SamplingParams
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
@@ -72,12 +72,11 @@ def test_prefill_is_cancellable_between_chunks(engine):
     assert len(slot.cached) == 16  # two chunks in, then stopped
 
 
-def generate(engine, slot, **kwargs):
+def generate(engine, slot, context_length=None, **options):
     prompt = engine.tokenizer.prompt("Hello")
-    params = dict(tokenizer=engine.tokenizer, end_ids=engine.tokenizer.end_ids, max_tokens=20,
-                  context_length=engine.context_length, sampling=SamplingParams(seed=1))
-    params.update(kwargs)
-    generation = Generation(slot, prompt, **params)
+    decode = DecodeOptions(**{"end_ids": engine.tokenizer.end_ids, "max_tokens": 20, "sampling": SamplingParams(seed=1),
+                              **options})
+    generation = Generation(slot, prompt, engine.tokenizer, decode, context_length or engine.context_length)
     return "".join(generation), generation
 
 
@@ -116,10 +115,8 @@ def test_utf8_is_never_split(engine, monkeypatch):
     assert len(byte_tokens) == 4  # the emoji is four byte tokens
     forced = iter(byte_tokens)
     monkeypatch.setattr(Sampler, "sample", lambda self, logits, allowed: next(forced))
-    generation = Generation(
-        slot, engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=engine.tokenizer.end_ids,
-        max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0),
-    )
+    decode = DecodeOptions(end_ids=engine.tokenizer.end_ids, max_tokens=4, sampling=SamplingParams(seed=0))
+    generation = Generation(slot, engine.tokenizer.prompt("Hello"), engine.tokenizer, decode, 2048)
     assert list(generation) == ["😀"]  # one delta: no half characters on the way
 
 
@@ -127,10 +124,8 @@ def test_utf8_is_never_split(engine, monkeypatch):
 def test_control_tokens_add_no_text_unless_shown(engine, monkeypatch, shown, text):
     forced = iter([1, 2])  # <s> (a control token), then </s> (the end)
     monkeypatch.setattr(Sampler, "sample", lambda self, logits, allowed: next(forced))
-    generation = Generation(
-        engine.new_slots(1, 1)[0], engine.tokenizer.prompt("Hello"), tokenizer=engine.tokenizer, end_ids=frozenset({2}),
-        shown=shown, max_tokens=4, context_length=2048, sampling=SamplingParams(seed=0),
-    )
+    decode = DecodeOptions(end_ids=frozenset({2}), shown=shown, max_tokens=4, sampling=SamplingParams(seed=0))
+    generation = Generation(engine.new_slots(1, 1)[0], engine.tokenizer.prompt("Hello"), engine.tokenizer, decode, 2048)
     assert "".join(generation) == text and generation.finish_reason == "stop"
 
 

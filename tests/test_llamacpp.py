@@ -18,11 +18,11 @@ from openai import OpenAI
 from kronk_wsgi.engine import llamacpp_engine
 from kronk_wsgi.engine.base import Cancelled, EngineError
 from kronk_wsgi.engine.demo_model import write_demo_model
-from kronk_wsgi.engine.generate import Generation
+from kronk_wsgi.engine.generate import DecodeOptions, Generation
 from kronk_wsgi.engine.sampling import SamplingParams
 
 from .conftest import run_server
-from .support.rawhttp import RawStream
+from kronk_wsgi.testing.rawhttp import RawStream
 from .support.smollm2 import QUESTION, SYSTEM, assert_answers_paris
 
 if not llamacpp_engine.available():
@@ -159,8 +159,8 @@ def test_slots_share_decode_calls(smollm2):
     no_end = tuple((t, -100.0) for t in tokenizer.end_ids)
 
     def run(slot, prompt):
-        generation = Generation(slot, prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=steps,
-                                context_length=512, sampling=SamplingParams(temperature=0, logit_bias=no_end))
+        decode = DecodeOptions(tokenizer.end_ids, steps, SamplingParams(temperature=0, logit_bias=no_end))
+        generation = Generation(slot, prompt, tokenizer, decode, 512)
         return "".join(generation), generation.completion_tokens
 
     start = threading.Barrier(3)
@@ -185,9 +185,8 @@ def test_a_long_prefill_rides_along_with_a_running_stream(smollm2):
     started = threading.Event()
 
     def stream():
-        generation = Generation(running, tokenizer.prompt("Count slowly:"), tokenizer=tokenizer,
-                                end_ids=tokenizer.end_ids, max_tokens=steps, context_length=2048,
-                                sampling=SamplingParams(temperature=0, logit_bias=no_end))
+        decode = DecodeOptions(tokenizer.end_ids, steps, SamplingParams(temperature=0, logit_bias=no_end))
+        generation = Generation(running, tokenizer.prompt("Count slowly:"), tokenizer, decode, 2048)
         for _ in generation:
             started.set()
         return generation.completion_tokens

@@ -14,11 +14,14 @@ from flask import Blueprint, jsonify
 from .. import hub
 from ..serving.channel import ThreadChannel
 from .errors import ApiError
-from .schemas import Strict, parse_body
-from .sse import KEEPALIVE_COMMENT, event_stream, sse
+from .body import parse_body
+from .schemas import Strict
+from .sse import sse
 from .state import state
+from .protocol import Protocol
 
 bp = Blueprint("admin", __name__)
+PROTOCOL = Protocol("admin", bp, prefixes=("/admin/",))
 
 PROGRESS_INTERVAL = 0.25  # seconds between two progress events of a pull
 
@@ -97,7 +100,7 @@ def pull():
 
     worker = threads.spawn(download)
     worker.rawlink(lambda _: channel.close())
-    return event_stream(_pull_frames(channel, body.repo_id, filename, state().settings.keepalive_interval))
+    return PROTOCOL.stream(_pull_frames(channel, body.repo_id, filename, state().settings.keepalive_interval))
 
 
 def _pull_frames(channel: ThreadChannel, repo_id: str, filename: str, keepalive: float) -> Iterator[str]:
@@ -110,7 +113,7 @@ def _pull_frames(channel: ThreadChannel, repo_id: str, filename: str, keepalive:
         if not items:
             if now - quiet_since >= keepalive:
                 quiet_since = now
-                yield KEEPALIVE_COMMENT
+                yield PROTOCOL.framing.keepalive
             continue
         last = items[-1]
         if last[0] == "done":

@@ -5,22 +5,53 @@ import json
 import uuid
 from typing import Annotated, Any, Iterator, Literal, Optional, Union
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, Response, jsonify
 import pydantic
 from pydantic import Field
 
 from ..engine.sampling import SamplingParams
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
-from .errors import anthropic_error_body
-from .generation import render_chat, start_generation, use_model
+from .protocol import Framing, Protocol
+from .planning import GenerationRequest, ToolUse, render_chat
+from .sessions import start_generation, use_model
 from .response import Encoder, respond
-from .schemas import FunctionName, Strict, parse_body, template_tool, template_tool_call
+from .body import parse_body
+from .schemas import FunctionName, Strict, template_tool, template_tool_call
 from .sse import sse
-from .state import record
+from .state import RequestRecord, record
 
 bp = Blueprint("anthropic", __name__)
 
-PING = sse({"type": "ping"}, "ping")
+# Anthropic's error types by status.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def error_body(error_type: str, message: str) -> dict:
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def _request_ids(response: Response, rec: RequestRecord) -> None:
+    """Anthropic's clients read the id here: the message's id once there is one."""
+    response.headers["request-id"] = response.headers["anthropic-request-id"] = rec.response_id or rec.request_id
+
+
+PROTOCOL = Protocol(
+    "anthropic", bp, prefixes=("/v1/messages",),
+    error_body=lambda error: error_body(ERROR_TYPES.get(error.status, "api_error"), error.message),
+    framing=Framing("text/event-stream", sse({"type": "ping"}, "ping")), headers=_request_ids,
+)
 
 
 class CacheControl(Strict):
@@ -197,8 +228,16 @@ class CountTokensRequest(Strict):
     def thinking_switch(self) -> Optional[bool]:
         return None if self.thinking is None else isinstance(self.thinking, ThinkingEnabled)
 
-    def strict_tools(self) -> frozenset[str]:
-        return frozenset(t.name for t in self.tools or () if t.strict)
+    def tool_use(self) -> Optional[ToolUse]:
+        if not self.tools:
+            return None
+        choice = self.tool_choice
+        return ToolUse(
+            tuple(self.template_tools()), strict=frozenset(t.name for t in self.tools if t.strict),
+            choice={None: "auto", "auto": "auto", "none": "none"}.get(choice and choice.type, "required"),
+            name=choice.name if isinstance(choice, ToolChoiceTool) else None,
+            one_call=getattr(choice, "disable_parallel_tool_use", False),
+        )
 
 
 class MessagesRequest(CountTokensRequest):
@@ -218,8 +257,15 @@ class MessagesRequest(CountTokensRequest):
             raise ValueError("thinking.budget_tokens must be less than max_tokens")
         return self
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0)
+    def generation_request(self) -> GenerationRequest:
+        """What the body asks for, as the planner takes it."""
+        return GenerationRequest(
+            self.model, prompt_param="messages", messages=self.template_messages(), tools=self.tool_use(),
+            thinking=self.thinking_switch(),
+            thinking_budget=self.thinking.budget_tokens if isinstance(self.thinking, ThinkingEnabled) else None,
+            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0),
+            stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens,
+        )
 
 
 def _usage(usage: Usage) -> dict:
@@ -248,23 +294,7 @@ def _tool_use(call: ToolCall, input_: Any) -> dict:
 def messages():
     """Generate the assistant's next message."""
     body = parse_body(MessagesRequest)
-    choice = body.tool_choice
-    session = start_generation(
-        body.model,
-        messages=body.template_messages(),
-        thinking=body.thinking_switch(),
-        thinking_budget=body.thinking.budget_tokens if isinstance(body.thinking, ThinkingEnabled) else None,
-        prompt_param="messages",
-        tools=body.template_tools(),
-        strict_tools=body.strict_tools(),
-        tool_choice={None: "auto", "auto": "auto", "none": "none"}.get(choice and choice.type, "required"),
-        tool_name=choice.name if isinstance(choice, ToolChoiceTool) else None,
-        one_tool_call=getattr(choice, "disable_parallel_tool_use", False),
-        max_tokens=body.max_tokens,
-        max_tokens_param="max_tokens",
-        sampling=lambda model: body.sampling(),
-        stop=tuple(body.stop_sequences or ()),
-    )
+    session = start_generation(body.generation_request())
     message_id = record().response_id = "msg_" + uuid.uuid4().hex
     return respond(session, MessagesEncoder(message_id, body.model, session.job.prompt_tokens), body.stream)
 
@@ -284,12 +314,12 @@ def _signature(thinking: str) -> str:
 
 
 class MessagesEncoder(Encoder):
-    """message_start (the commit), content blocks, message_delta, message_stop; ``ping`` as keep-alive.
+    """message_start (the commit), content blocks, message_delta, message_stop.
 
     The model's thinking is a ``thinking`` block before the text.
     """
 
-    keepalive = PING
+    protocol = PROTOCOL
 
     def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
         super().__init__()
@@ -352,7 +382,7 @@ class MessagesEncoder(Encoder):
 
     def failed(self, event: Failed) -> Iterator[str]:
         kind = "timeout_error" if event.code == "timeout" else "api_error"
-        yield sse(anthropic_error_body(kind, event.message), "error")
+        yield sse(error_body(kind, event.message), "error")
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
         content: list[dict] = []

@@ -3,8 +3,10 @@
 from pathlib import Path
 
 from flask import Blueprint, redirect, request, send_from_directory
+from .protocol import Protocol
 
 bp = Blueprint("console", __name__)
+PROTOCOL = Protocol("console", bp, prefixes=("/console",))
 
 PAGES = Path(__file__).resolve().parent.parent / "console"
 

@@ -1,11 +1,10 @@
-"""API errors: raised anywhere before the commit, rendered in the route's protocol's error shape."""
+"""API errors: raised anywhere before the commit, rendered in the shape of the route's protocol."""
 
 from typing import Optional
 
-from flask import Response, jsonify
 from werkzeug.exceptions import HTTPException
 
-# OpenAI's error types by status.
+# OpenAI's error types by status (the ``type`` every protocol that takes OpenAI's error shape shows).
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -20,24 +19,6 @@ _TYPES = {
     503: "service_unavailable",
     504: "timeout",
 }
-
-
-# Anthropic's error types by status.
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-}
-
-ANTHROPIC_PREFIX = "/v1/messages"
 
 
 class ApiError(Exception):
@@ -63,10 +44,6 @@ class ApiError(Exception):
     def type(self) -> str:
         return _TYPES.get(self.status, "server_error")
 
-    @property
-    def anthropic_type(self) -> str:
-        return _ANTHROPIC_TYPES.get(self.status, "api_error")
-
     @classmethod
     def from_http(cls, exc: HTTPException) -> "ApiError":
         """Werkzeug's routing and body errors (404, 405, 413, ...)."""
@@ -85,22 +62,3 @@ def model_not_found(model_id: str) -> ApiError:
     """A 404 for a model id that is not configured."""
     shown = model_id if len(model_id) <= 100 else model_id[:100] + "..."
     return ApiError(404, f"the model {shown!r} does not exist", code="model_not_found", param="model")
-
-
-def openai_error_body(error: ApiError) -> dict:
-    return {"error": {"message": error.message, "type": error.type, "code": error.code, "param": error.param}}
-
-
-def anthropic_error_body(error_type: str, message: str) -> dict:
-    return {"type": "error", "error": {"type": error_type, "message": message}}
-
-
-def error_response(error: ApiError, path: str) -> Response:
-    """The error in the shape of the protocol that ``path`` speaks."""
-    if path.startswith(ANTHROPIC_PREFIX):
-        response = jsonify(anthropic_error_body(error.anthropic_type, error.message))
-    else:
-        response = jsonify(openai_error_body(error))
-    response.status_code = error.status
-    response.headers.update(error.headers)
-    return response

@@ -14,18 +14,13 @@ import structlog
 from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, default_exceptions
 
-from .errors import ANTHROPIC_PREFIX, ApiError, error_response
-from .state import RequestRecord, state
+from .errors import ApiError
+from .state import RequestRecord, api_path, state
 
 log = structlog.get_logger("kronk_wsgi.http")
 
 OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics")
 CONSOLE_PATH = "/console"  # static pages: the console asks for a key itself
-
-
-def api_path() -> str:
-    """The request's path below kronk_wsgi's url_prefix."""
-    return request.path.removeprefix(state().url_prefix)
 
 
 def _check_auth() -> None:
@@ -70,9 +65,9 @@ def _finish(response: Response) -> Response:
         return response
     rec.status = response.status_code
     response.headers["X-Request-ID"] = rec.request_id
-    if api_path().startswith(ANTHROPIC_PREFIX):
-        # Anthropic's clients read the id here: the message's id once there is one.
-        response.headers["request-id"] = response.headers["anthropic-request-id"] = rec.response_id or rec.request_id
+    protocol = state().protocols.for_path(api_path())
+    if protocol.headers is not None:
+        protocol.headers(response, rec)
     metrics = state().metrics
     response.call_on_close(lambda: _log_completed(rec, metrics))
     if response.status_code == 408:
@@ -113,16 +108,16 @@ def _log_completed(rec: RequestRecord, metrics) -> None:
 
 
 def _api_error(error: ApiError):
-    return error_response(error, api_path())
+    return state().protocols.for_path(api_path()).error_response(error)
 
 
 def _http_error(exc: HTTPException):
-    return error_response(ApiError.from_http(exc), api_path())
+    return _api_error(ApiError.from_http(exc))
 
 
 def _unexpected(exc: Exception):
     log.exception("unexpected error")
-    return error_response(ApiError(500, "internal server error", code="server_error"), api_path())
+    return _api_error(ApiError(500, "internal server error", code="server_error"))
 
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]

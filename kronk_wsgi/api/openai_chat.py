@@ -9,13 +9,16 @@ from flask import Blueprint
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
 )
-from .generation import start_generation
 from .response import Encoder, respond
-from .schemas import ChatCompletionRequest, parse_body, reply_format
+from .body import parse_body
+from .schemas import ChatCompletionRequest
+from .sessions import start_generation
 from .sse import DONE, sse
 from .state import record
+from .protocol import Protocol
 
 bp = Blueprint("openai_chat", __name__)
+PROTOCOL = Protocol("openai_chat", bp, prefixes=("/v1/chat/",))
 
 FINGERPRINT = "kronk-wsgi"
 
@@ -34,36 +37,11 @@ def failure_body(event: Failed) -> dict:
     return {"error": {"message": event.message, "type": kind, "code": event.code, "param": None}}
 
 
-def _tool_choice(choice) -> tuple[str, Optional[str]]:
-    """OpenAI's tool_choice as (mode, forced function name)."""
-    if choice is None or isinstance(choice, str):
-        return choice or "auto", None
-    return "required", choice.function.name
-
-
 @bp.post("/v1/chat/completions")
 def chat_completions():
     """Generate a chat reply."""
     body = parse_body(ChatCompletionRequest)
-    tool_choice, tool_name = _tool_choice(body.tool_choice)
-    session = start_generation(
-        body.model,
-        messages=[m.for_template() for m in body.messages],
-        thinking=body.thinking_switch(),
-        prompt_param="messages",
-        tools=body.template_tools(),
-        strict_tools=body.strict_tools(),
-        tool_choice=tool_choice,
-        tool_name=tool_name,
-        one_tool_call=body.parallel_tool_calls is False,
-        n=body.n,
-        reply_format=reply_format(body.response_format, "response_format"),
-        top_logprobs=body.logprobs_asked(),
-        max_tokens=body.token_limit,
-        max_tokens_param="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
-        sampling=lambda model: body.sampling(model.engine.tokenizer.vocab_size),
-        stop=body.stop_sequences(),
-    )
+    session = start_generation(body.generation_request())
     completion_id = record().response_id = "chatcmpl-" + uuid.uuid4().hex
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     encoder = ChatEncoder(body.model, completion_id, int(time.time()), include_usage, body.n, body.logprobs)
@@ -124,6 +102,8 @@ class ChatEncoder(OpenAIEncoder):
 
     The model's thinking goes in ``reasoning_content``, as llama.cpp's and DeepSeek's servers write it.
     """
+
+    protocol = PROTOCOL
 
     def __init__(self, model: str, completion_id: str, created: int, include_usage: bool,
                  choices: int = 1, logprobs: bool = False) -> None:

@@ -10,14 +10,18 @@ from flask import Blueprint
 from pydantic import Field
 
 from ..serving.events import ChoiceEnd, Event, Finished, Logprobs, TextDelta, TokenLogprob
-from .generation import start_generation
+from .planning import GenerationRequest
+from .sessions import start_generation
 from .openai_chat import FINGERPRINT, OpenAIEncoder, by_choice, token_text, usage_body
 from .response import respond
-from .schemas import SamplingFields, StreamOptions, parse_body
+from .body import parse_body
+from .schemas import SamplingFields, StreamOptions
 from .sse import sse
 from .state import record
+from .protocol import Protocol
 
 bp = Blueprint("openai_completions", __name__)
+PROTOCOL = Protocol("openai_completions", bp, prefixes=("/v1/completions",))
 
 
 Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
@@ -50,23 +54,20 @@ class CompletionRequest(SamplingFields):
             return [self.prompt]
         return list(self.prompt)
 
+    def generation_request(self) -> GenerationRequest:
+        """What the body asks for, as the planner takes it."""
+        return GenerationRequest(
+            self.model, prompt_param="prompt", prompts=self.prompts(), n=self.n, sampling=self.sampling(),
+            stop=self.stop_sequences(), max_tokens=self.max_tokens, top_logprobs=self.logprobs,
+        )
+
 
 @bp.post("/v1/completions")
 def completions():
     """Continue each prompt."""
     body = parse_body(CompletionRequest)
     prompts = body.prompts()
-    session = start_generation(
-        body.model,
-        prompts=prompts,
-        prompt_param="prompt",
-        n=body.n,
-        top_logprobs=body.logprobs,
-        max_tokens=body.max_tokens,
-        max_tokens_param="max_tokens",
-        sampling=lambda model: body.sampling(model.engine.tokenizer.vocab_size),
-        stop=body.stop_sequences(),
-    )
+    session = start_generation(body.generation_request())
     completion_id = record().response_id = "cmpl-" + uuid.uuid4().hex
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     encoder = CompletionEncoder(body.model, completion_id, include_usage, len(prompts) * body.n, body.logprobs is not None)
@@ -85,6 +86,8 @@ def _logprobs(tokens: list[TokenLogprob], offset: int) -> dict:
 
 class CompletionEncoder(OpenAIEncoder):
     """text_completion frames: an empty choice first (the commit), text, finishes, usage, [DONE]."""
+
+    protocol = PROTOCOL
 
     def __init__(self, model: str, completion_id: str, include_usage: bool, choices: int = 1,
                  logprobs: bool = False) -> None:

@@ -8,11 +8,14 @@ import pydantic
 from flask import Blueprint, jsonify
 from pydantic import Field
 
-from .generation import start_embedding
+from .sessions import start_embedding
 from .response import run_to_end
-from .schemas import Strict, parse_body
+from .body import parse_body
+from .schemas import Strict
+from .protocol import Protocol
 
 bp = Blueprint("openai_embeddings", __name__)
+PROTOCOL = Protocol("openai_embeddings", bp, prefixes=("/v1/embeddings",))
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 Tokens = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]

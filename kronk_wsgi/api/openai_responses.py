@@ -13,17 +13,21 @@ from ..engine.sampling import SamplingParams
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
+from .body import parse_body
 from .errors import ApiError
-from .generation import JSON_OBJECT, ReplyFormat, start_generation
+from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from .sessions import start_generation
 from .openai_chat import logprob_content
 from .response import Encoder, respond
 from .schemas import (
-    FunctionName, SchemaName, ServiceTier, Strict, json_object, parse_body, template_role, template_tool, template_tool_call,
+    FunctionName, SchemaName, ServiceTier, Strict, json_object, template_role, template_tool, template_tool_call,
 )
 from .sse import sse
 from .state import record, state
+from .protocol import Protocol
 
 bp = Blueprint("openai_responses", __name__)
+PROTOCOL = Protocol("openai_responses", bp, prefixes=("/v1/responses",))
 
 
 class InputText(Strict):
@@ -188,19 +192,29 @@ class ResponsesRequest(Strict):
                 messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
         return messages
 
-    def template_tools(self) -> Optional[list[dict]]:
+    def generation_request(self, conversation: list[dict]) -> GenerationRequest:
+        """What the body asks for, ``conversation`` (the previous response's and this input) as the prompt."""
+        return GenerationRequest(
+            self.model, prompt_param="input", messages=self.instruction_messages() + conversation,
+            tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
+            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
+            max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
+        )
+
+    def _tool_use(self) -> Optional[ToolUse]:
         if not self.tools:
             return None
-        return [template_tool(t.name, t.description, t.parameters) for t in self.tools]
+        choice = self.tool_choice
+        return ToolUse(
+            tuple(template_tool(t.name, t.description, t.parameters) for t in self.tools),
+            # strict is on unless the tool turns it off, as in OpenAI's Responses API
+            strict=frozenset(t.name for t in self.tools if t.strict is not False),
+            choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
+            name=None if choice is None or isinstance(choice, str) else choice.name,
+            one_call=self.parallel_tool_calls is False,
+        )
 
-    def strict_tools(self) -> frozenset[str]:
-        # strict is on unless the tool turns it off, as in OpenAI's Responses API
-        return frozenset(t.name for t in self.tools or () if t.strict is not False)
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p)
-
-    def logprobs_asked(self) -> Optional[int]:
+    def _logprobs(self) -> Optional[int]:
         """How many likeliest tokens to list with each output text token; None: no log probabilities."""
         if self.top_logprobs is None and "message.output_text.logprobs" not in (self.include or ()):
             return None
@@ -237,7 +251,7 @@ def _not_kept(response_id: str, param: Optional[str] = None) -> ApiError:
 def _stored(response_id: str, param: Optional[str] = None) -> tuple[dict, list[dict]]:
     """A stored response and its conversation; 404 if it is not (or no longer) kept."""
     kronk = state()
-    found = kronk.workers.apply(kronk.responses.get, (response_id,))
+    found = kronk.body_thread.apply(kronk.responses.get, (response_id,))
     if found is None:
         raise _not_kept(response_id, param)
     return found
@@ -261,23 +275,8 @@ def responses():
     kronk = state()
     previous = [] if body.previous_response_id is None else _stored(body.previous_response_id, "previous_response_id")[1]
     conversation = previous + body.input_messages()
+    session = start_generation(body.generation_request(conversation))
     choice = body.tool_choice
-    session = start_generation(
-        body.model,
-        messages=body.instruction_messages() + conversation,
-        prompt_param="input",
-        tools=body.template_tools(),
-        strict_tools=body.strict_tools(),
-        tool_choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
-        tool_name=None if choice is None or isinstance(choice, str) else choice.name,
-        one_tool_call=body.parallel_tool_calls is False,
-        reply_format=body.text.reply_format() if body.text else None,
-        top_logprobs=body.logprobs_asked(),
-        max_tokens=body.max_output_tokens,
-        max_tokens_param="max_output_tokens",
-        sampling=lambda model: body.sampling(),
-        stop=(),
-    )
     response_id = record().response_id = _new_id("resp_")
     store = body.store is not False  # OpenAI's default
     base = {
@@ -295,7 +294,7 @@ def responses():
     }
 
     def keep(final: dict) -> None:
-        kronk.workers.apply(kronk.responses.put, (final, conversation + [_assistant_message(final["output"])]))
+        kronk.body_thread.apply(kronk.responses.put, (final, conversation + [_assistant_message(final["output"])]))
 
     return respond(session, ResponsesEncoder(base, keep if store else None), body.stream)
 
@@ -310,7 +309,7 @@ def get_response(response_id: str):
 def delete_response(response_id: str):
     """Forget a stored response."""
     kronk = state()
-    if not kronk.workers.apply(kronk.responses.delete, (response_id,)):
+    if not kronk.body_thread.apply(kronk.responses.delete, (response_id,)):
         raise _not_kept(response_id)
     return jsonify({"id": response_id, "object": "response", "deleted": True})
 
@@ -339,6 +338,8 @@ class ResponsesEncoder(Encoder):
 
     The model's thinking is a reasoning item (its text as reasoning_text) before the answer.
     """
+
+    protocol = PROTOCOL
 
     def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None) -> None:
         super().__init__()

@@ -1,7 +1,8 @@
 """One response path for every generating protocol: the commit, the stream, the whole answer, the close.
 
-A protocol is an ``Encoder``: how it writes the neutral events as SSE frames
-when streamed, and as one object when not. ``respond`` does the rest, the same
+A protocol's ``Encoder`` says how it writes the neutral events as frames
+when streamed, and as one object when not; its ``Protocol`` says how they
+go on the wire. ``respond`` does the rest, the same
 way for every protocol: the first frames go out at once (the commit), each
 event becomes frames, a failure after the commit (the engine's, the request
 timeout, a shutdown) becomes the protocol's in-band error and a proper end of
@@ -19,7 +20,7 @@ from ..serving.events import (
 )
 from ..serving.session import Session
 from .errors import ApiError
-from .sse import KEEPALIVE_COMMENT, event_stream
+from .protocol import Protocol
 
 # The status of an answer that is not streamed, by how its generation failed.
 FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
@@ -28,7 +29,7 @@ FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
 class Encoder(abc.ABC):
     """One protocol's way of writing a generation."""
 
-    keepalive = KEEPALIVE_COMMENT  # the frame sent after a keep-alive interval of silence
+    protocol: Protocol  # whose framing the frames go out in
 
     def __init__(self) -> None:
         self._held_logprobs: dict[int, list[TokenLogprob]] = {}
@@ -83,15 +84,15 @@ class Encoder(abc.ABC):
         }
         for event in events:
             if isinstance(event, KeepAlive):
-                yield self.keepalive
+                yield self.protocol.framing.keepalive
             else:
                 yield from writers[type(event)](event)
 
 
 def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
-    """The response to a generation: an SSE stream, or the whole answer once it is done."""
+    """The response to a generation: a stream in the protocol's framing, or the whole answer once it is done."""
     if stream:
-        response = event_stream(_closing(session, encoder))
+        response = encoder.protocol.stream(_closing(session, encoder))
         response.call_on_close(session.close)
         return response
     output, finished = run_to_end(session)

@@ -1,19 +1,14 @@
 """Request bodies, validated strictly: wrong types and unknown fields are 400s, never guesses."""
 
 import json
-from typing import Annotated, Any, Literal, Optional, Type, TypeVar, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-import gevent
 import pydantic
-from flask import request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import SamplingParams
-from .errors import ApiError, invalid
-from .generation import JSON_OBJECT, MAX_CHOICES, ReplyFormat
-from .state import state
-
-M = TypeVar("M", bound=BaseModel)
+from .errors import invalid
+from .planning import JSON_OBJECT, MAX_CHOICES, GenerationRequest, ReplyFormat, ToolUse
 
 
 class Strict(BaseModel):
@@ -144,11 +139,12 @@ class SamplingFields(Strict):
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     user: Optional[str] = None
 
-    def sampling(self, vocab_size: int) -> SamplingParams:
+    def sampling(self) -> SamplingParams:
+        """The sampling fields; a logit bias's token ids are checked against the model's vocabulary when planned."""
         bias = []
         for key, value in (self.logit_bias or {}).items():
-            if not key.isdigit() or int(key) >= vocab_size:
-                raise invalid(f"logit_bias: {key!r} is not a token id of this model", param="logit_bias")
+            if not (key.isascii() and key.isdigit()):  # "²" and "٣" are digits to str.isdigit, not token ids
+                raise invalid(f"logit_bias: {key!r} is not a token id", param="logit_bias")
             bias.append((int(key), value))
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
@@ -243,140 +239,26 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("top_logprobs needs logprobs set to true")
         return self
 
-    def template_tools(self) -> Optional[list[dict]]:
+    def generation_request(self) -> GenerationRequest:
+        """What the body asks for, as the planner takes it."""
+        return GenerationRequest(
+            self.model, prompt_param="messages", messages=[m.for_template() for m in self.messages], n=self.n,
+            tools=self._tool_use(), reply_format=reply_format(self.response_format, "response_format"),
+            thinking=None if self.reasoning_effort is None else self.reasoning_effort not in ("none", "minimal"),
+            sampling=self.sampling(), stop=self.stop_sequences(),
+            max_tokens=self.max_completion_tokens or self.max_tokens,
+            max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
+            top_logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+        )
+
+    def _tool_use(self) -> Optional[ToolUse]:
         if not self.tools:
             return None
-        return [template_tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools]
-
-    def logprobs_asked(self) -> Optional[int]:
-        """How many likeliest tokens to list with each token's log probability; None: no log probabilities."""
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    def strict_tools(self) -> frozenset[str]:
-        return frozenset(t.function.name for t in self.tools or () if t.function.strict)
-
-    def thinking_switch(self) -> Optional[bool]:
-        return None if self.reasoning_effort is None else self.reasoning_effort not in ("none", "minimal")
-
-    @property
-    def token_limit(self) -> Optional[int]:
-        return self.max_completion_tokens or self.max_tokens
-
-
-def _param(data: Any, loc: tuple, missing: bool) -> Optional[str]:
-    """pydantic's error location as OpenAI's param string: messages[0].content.
-
-    The location also names union members and tags; only the parts found in
-    the request itself (or a missing field, at the end) are kept.
-    """
-    out = ""
-    for position, part in enumerate(loc):
-        last = position == len(loc) - 1
-        if isinstance(part, int) and isinstance(data, list) and 0 <= part < len(data):
-            out += f"[{part}]"
-            data = data[part]
-        elif isinstance(part, str) and ((isinstance(data, dict) and part in data) or (last and missing)):
-            out += ("." if out else "") + part
-            data = data.get(part) if isinstance(data, dict) else None
-    return out or None
-
-
-class _NotJSON(ValueError):
-    """A value Python's json module takes but JSON does not have."""
-
-
-def _non_finite(name: str) -> None:
-    raise _NotJSON(f"{name} is not a JSON number")
-
-
-READ_CHUNK = 1 << 20
-
-
-def _read_body() -> bytes:
-    """The body's bytes; 413 past max_body_bytes, for a chunked body too."""
-    stream = request.stream  # a declared length past the limit is a 413 here
-    limit = request.max_content_length
-    seconds = state().settings.body_timeout
-    chunks, size = [], 0
-    timer = gevent.Timeout.start_new(seconds)
-    try:
-        # A megabyte at a time, yielding in between: data already waiting in the socket would
-        # otherwise be read in one go, with every other request of the worker kept waiting.
-        while limit is None or size < limit:
-            chunk = stream.read(READ_CHUNK if limit is None else min(READ_CHUNK, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            gevent.sleep(0)
-    except gevent.Timeout as exc:
-        if exc is not timer:
-            raise
-        raise ApiError(408, f"the body did not arrive within {seconds:g} s", code="request_timeout") from None
-    finally:
-        timer.cancel()
-    body = b"".join(chunks)
-    if request.content_length is None and limit is not None and len(body) >= limit:
-        # A chunked body is cut at the limit: if more follows, it was too large. Up to 1 MB of the
-        # rest is read, so that the client sees the 413 rather than a connection reset.
-        if request.environ["wsgi.input"].read(1 << 20):
-            raise ApiError(413, f"the body is larger than {limit} bytes", code="request_too_large")
-    return body
-
-
-def _loads(body: bytes) -> Any:
-    """Strict JSON: NaN and Infinity are refused by name, deep nesting is a 400 too."""
-    try:
-        return json.loads(body, parse_constant=_non_finite)
-    except _NotJSON as exc:
-        raise invalid(f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise invalid("the body is not valid JSON: it is nested too deeply") from None
-    except ValueError:
-        raise invalid("the body is not valid JSON") from None
-
-
-def _check_values(data: Any, limit: int) -> None:
-    """413 if the body holds more than ``limit`` JSON values: validation time grows with their number."""
-    pending, seen = [data], 0
-    while pending:
-        value = pending.pop()
-        seen += 1
-        if seen > limit:
-            raise ApiError(413, f"the body holds more than {limit} JSON values (max_body_values)",
-                           code="request_too_large")
-        if isinstance(value, dict):
-            pending.extend(value.values())
-        elif isinstance(value, list):
-            pending.extend(value)
-
-
-def _decode(schema: Type[M], body: bytes, max_values: int) -> M:
-    """Parse, bound and validate a body: CPU work, run in a worker thread, off the event loop."""
-    data = _loads(body)
-    if not isinstance(data, dict):
-        raise invalid("the body must be a JSON object")
-    _check_values(data, max_values)
-    try:
-        return schema.model_validate(data)
-    except pydantic.ValidationError as exc:
-        # The deepest error: for a union (str or list of parts) the branch that got furthest;
-        # at equal depth, a broken constraint says more than a wrong type.
-        error = max(exc.errors(include_url=False), key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
-        param = _param(data, error["loc"], error["type"] == "missing")
-        if error["type"] == "extra_forbidden":
-            raise invalid(f"unrecognized request argument supplied: {param}", param=param) from None
-        if error["type"] == "missing":
-            raise invalid(f"missing required parameter: {param}", param=param) from None
-        where = f"{param}: " if param else ""
-        message = error["msg"].removeprefix("Value error, ")
-        raise invalid(f"{where}{message}", param=param) from None
-
-
-def parse_body(schema: Type[M]) -> M:
-    """The JSON body as ``schema``; a 400 naming the offending param otherwise."""
-    if not request.is_json:
-        raise invalid("the body must be JSON, sent with Content-Type: application/json")
-    body = _read_body()
-    kronk = state()
-    return kronk.workers.apply(_decode, (schema, body, kronk.settings.max_body_values))
+        choice = self.tool_choice
+        return ToolUse(
+            tuple(template_tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools),
+            strict=frozenset(t.function.name for t in self.tools if t.function.strict),
+            choice="required" if isinstance(choice, NamedToolChoice) else choice or "auto",
+            name=choice.function.name if isinstance(choice, NamedToolChoice) else None,
+            one_call=self.parallel_tool_calls is False,
+        )

@@ -2,9 +2,9 @@
 
 import dataclasses
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from flask import current_app, g
+from flask import current_app, g, request
 from gevent.threadpool import ThreadPool
 
 from ..config import Settings
@@ -12,6 +12,9 @@ from ..metrics import Metrics
 from ..serving.pool import ModelPool
 from ..serving.session import GenerationStats
 from .response_store import ResponseStore
+
+if TYPE_CHECKING:
+    from .protocol import Protocols
 
 
 @dataclasses.dataclass
@@ -21,8 +24,9 @@ class KronkState:
     settings: Settings
     pool: ModelPool
     metrics: Metrics
-    workers: ThreadPool  # work before the commit (parsing, validation, stored responses), off the event loop
+    body_thread: ThreadPool  # work before the commit (parsing, validation, stored responses), off the event loop
     responses: ResponseStore
+    protocols: "Protocols"
     url_prefix: str = ""  # where the API is mounted
 
 
@@ -42,6 +46,11 @@ class RequestRecord:
 
 def state() -> KronkState:
     return current_app.extensions["kronk"]
+
+
+def api_path() -> str:
+    """The request's path below kronk_wsgi's url_prefix."""
+    return request.path.removeprefix(state().url_prefix)
 
 
 def record() -> RequestRecord:

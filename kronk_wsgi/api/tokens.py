@@ -7,10 +7,14 @@ from flask import Blueprint, jsonify
 from pydantic import Field
 
 from .errors import invalid
-from .generation import render_chat, use_model
-from .schemas import ChatMessage, ChatTool, Strict, parse_body, template_tool
+from .planning import render_chat
+from .sessions import use_model
+from .body import parse_body
+from .schemas import ChatMessage, ChatTool, Strict, template_tool
+from .protocol import Protocol
 
 bp = Blueprint("tokens", __name__)
+PROTOCOL = Protocol("tokens", bp, prefixes=("/v1/tokenize", "/v1/detokenize"))
 
 
 class TokenizeRequest(Strict):

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from .base import Cancelled, Slot
-from .grammar import Constraint
+from .grammar import Grammar
 from .sampling import Sampler, SamplingParams, logprobs
 from .tokenizer import Tokenizer
 
@@ -23,6 +23,17 @@ class SampledToken:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...]
+
+
+def partial_tag(text: str, tags: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` could be the start of one of ``tags``: text to hold back."""
+    longest = 0
+    for tag in tags:
+        for k in range(min(len(tag) - 1, len(text)), longest, -1):
+            if text.endswith(tag[:k]):
+                longest = k
+                break
+    return longest
 
 
 class StopScanner:
@@ -44,13 +55,7 @@ class StopScanner:
             at, self.matched = min(hits, key=lambda hit: hit[0])
             out, self._pending = self._pending[:at], ""
             return out, True
-        hold = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(self._pending)), hold, -1):
-                if self._pending.endswith(stop[:k]):
-                    hold = k
-                    break
-        cut = len(self._pending) - hold
+        cut = len(self._pending) - partial_tag(self._pending, self._stops)
         out, self._pending = self._pending[:cut], self._pending[cut:]
         return out, False
 
@@ -72,63 +77,64 @@ class TagWatch:
         return self._tail == self.tag
 
 
-class Generation:
-    """One request's generation on one slot; iterate it for text deltas.
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How a reply is decoded, the same for each reply of a request.
 
-    Generation stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
+    Decoding stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
     which never reach the text; other control tokens add no text either,
     except those in ``shown`` (a tag a parser reads that is a control token).
-    With a ``constraint`` only tokens it allows are sampled, and generation
-    stops when its grammar is complete; with ``constrain_after`` too, the
-    constraint starts once the text has reached that text (the end of a
-    reasoning model's thinking). A reply that starts inside a thinking block
-    ended by ``thinking_close`` is made to close it after ``thinking_budget``
-    tokens: the tag's tokens are forced then. With ``top_logprobs`` (0 or more),
-    each sampled token is added to ``sampled`` with its log probability; the
-    caller takes them as the text they make comes out. ``choice`` numbers the
-    replies to one prompt: each draws its own random numbers.
-    After iteration ``finish_reason`` is "stop" (an end token or a stop
-    sequence) or "length" (max_tokens or the context window),
-    ``stop_sequence`` is the stop sequence that ended it, if one did, and
-    ``completion_tokens`` counts the sampled tokens. ``Cancelled`` propagates
-    when ``cancelled()`` turns true between two engine calls.
+    With a ``grammar`` only tokens it allows are sampled, and decoding stops
+    when it is complete; with ``constrain_after`` too, the constraint starts
+    once the text has reached that text (the end of a reasoning model's
+    thinking). A reply that starts inside a thinking block ended by
+    ``thinking_close`` is made to close it after ``thinking_budget`` tokens:
+    the tag's tokens are forced then. With ``top_logprobs`` (0 or more), each
+    sampled token is reported with its log probability.
+    """
+
+    end_ids: frozenset[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    shown: frozenset[int] = frozenset()
+    grammar: Optional[Grammar] = None
+    constrain_after: str = ""
+    thinking_close: str = ""
+    thinking_budget: Optional[int] = None
+    top_logprobs: Optional[int] = None
+
+
+class Generation:
+    """One reply on one slot, decoded as ``options`` say; iterate it for text deltas.
+
+    Sampled tokens are added to ``sampled`` with their log probabilities when
+    the options ask for them; the caller takes them as the text they make comes
+    out. ``choice`` numbers the replies to one prompt: each draws its own
+    random numbers. After iteration ``finish_reason`` is "stop" (an end token,
+    a stop sequence or a complete grammar) or "length" (max_tokens or the
+    context window), ``stop_sequence`` is the stop sequence that ended it, if
+    one did, and ``completion_tokens`` counts the sampled tokens.
+    ``Cancelled`` propagates when ``cancelled()`` turns true between two
+    engine calls.
     """
 
     def __init__(
         self,
         slot: Slot,
         prompt: list[int],
-        *,
         tokenizer: Tokenizer,
-        end_ids: frozenset[int],
-        shown: frozenset[int] = frozenset(),
-        max_tokens: int,
+        options: DecodeOptions,
         context_length: int,
-        sampling: SamplingParams,
-        stop: Sequence[str] = (),
         cancelled: Callable[[], bool] = lambda: False,
-        constraint: Optional[Constraint] = None,
-        constrain_after: str = "",
-        thinking_close: str = "",
-        thinking_budget: Optional[int] = None,
-        top_logprobs: Optional[int] = None,
         choice: int = 0,
     ) -> None:
         self.slot = slot
         self.prompt = prompt
         self.tokenizer = tokenizer
-        self.end_ids = end_ids
-        self.shown = shown
-        self.max_tokens = max_tokens
+        self.options = options
         self.context_length = context_length
-        self.sampling = sampling
-        self.stop = stop
         self.cancelled = cancelled
-        self.constraint = constraint
-        self.constrain_after = constrain_after
-        self.thinking_close = thinking_close
-        self.thinking_budget = thinking_budget
-        self.top_logprobs = top_logprobs
         self.choice = choice
         self.sampled: list[SampledToken] = []
         self.completion_tokens = 0
@@ -142,15 +148,16 @@ class Generation:
         return [control] if control is not None else self.tokenizer.continuation(tag)
 
     def __iter__(self) -> Iterator[str]:
-        slot = self.slot
+        slot, options = self.slot, self.options
         self.cached_tokens = slot.prefill(self.prompt, self.cancelled)
-        sampler = Sampler(self.sampling, self.prompt, self.choice)
+        sampler = Sampler(options.sampling, self.prompt, self.choice)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stops = StopScanner(self.stop)
-        constraint = None if self.constrain_after else self.constraint
-        constraint_start = TagWatch(self.constrain_after)
-        thinking = bool(self.thinking_close) and self.thinking_budget is not None
-        thinking_end = TagWatch(self.thinking_close)
+        stops = StopScanner(options.stop)
+        later = options.grammar.constraint() if options.grammar else None  # once the text reaches constrain_after
+        constraint = None if options.constrain_after else later
+        constraint_start = TagWatch(options.constrain_after)
+        thinking = bool(options.thinking_close) and options.thinking_budget is not None
+        thinking_end = TagWatch(options.thinking_close)
         closing: list[int] = []  # the closing tag's tokens, forced once the budget is spent
         allowed: Optional[np.ndarray] = None  # what the next token may be (None: any), or
         forced: Optional[int] = None  # what it must be
@@ -164,8 +171,8 @@ class Generation:
                 mask = np.zeros(len(logits), dtype=bool)
                 mask[forced] = True
             token = sampler.sample(logits, mask)
-            if self.top_logprobs is not None and token not in self.end_ids:
-                logprob, top = logprobs(logits, token, self.top_logprobs)
+            if options.top_logprobs is not None and token not in options.end_ids:
+                logprob, top = logprobs(logits, token, options.top_logprobs)
                 sampled = SampledToken(token, logprob, tuple(top))
             return token
 
@@ -173,26 +180,26 @@ class Generation:
         while True:
             allowed = constraint.allowed() if constraint else None
             forced = None
-            if thinking and not closing and self.completion_tokens >= self.thinking_budget:
-                closing = self._tokens_of(self.thinking_close)
+            if thinking and not closing and self.completion_tokens >= options.thinking_budget:
+                closing = self._tokens_of(options.thinking_close)
             if closing:
                 forced = closing.pop(0)
                 thinking = bool(closing)
             token = pick(slot.logits()) if token is None else slot.decode([token], pick)
-            if token in self.end_ids:
+            if token in options.end_ids:
                 self.finish_reason = "stop"
                 break
             self.completion_tokens += 1
             if sampled is not None:
                 self.sampled.append(sampled)
                 sampled = None
-            piece = self.tokenizer.token_text(token).encode() if token in self.shown else self.tokenizer.piece(token)
+            piece = self.tokenizer.token_text(token).encode() if token in options.shown else self.tokenizer.piece(token)
             if thinking and not closing:
                 thinking = not thinking_end.feed(piece)
             if constraint:
                 constraint.take(token)
-            elif self.constraint and constraint_start.feed(piece):
-                constraint = self.constraint
+            elif later and constraint_start.feed(piece):
+                constraint = later
             text, stopped = stops.feed(decoder.decode(piece))
             if text:
                 yield text
@@ -203,7 +210,7 @@ class Generation:
             if constraint and constraint.complete:
                 self.finish_reason = "stop"
                 break
-            if self.completion_tokens >= self.max_tokens or len(slot.cached) >= self.context_length:
+            if self.completion_tokens >= options.max_tokens or len(slot.cached) >= self.context_length:
                 self.finish_reason = "length"
                 break
             if self.cancelled():

@@ -120,7 +120,7 @@ class Session:
             self.stats.queue_wait = time.monotonic() - self.started
             self.metrics.queue_wait.labels(self.model.id).observe(self.stats.queue_wait)
             channel = ThreadChannel()
-            worker = self.model.threads.spawn(_drive, self.job, slot, self.model.engine.context_length, cancel, channel)
+            worker = self.model.slot_threads.spawn(_drive, self.job, slot, self.model.engine.context_length, cancel, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
             worker.rawlink(lambda _: self._worker_done(slot, channel))
             yield from self._relay(channel, cancel)

@@ -1,0 +1,269 @@
+"""A generation request, as every protocol builds it from its body, and the plan that turns it into a job.
+
+Each protocol's view reads its body into one ``GenerationRequest``;
+``check`` refuses what is wrong whatever the model, before admission, and
+``plan`` renders, tokenizes and constrains it for one loaded model. Both
+raise ``ApiError``s that name the body's own fields.
+"""
+
+import dataclasses
+from typing import Callable, Optional, Sequence, Union
+
+import jsonschema
+import jsonschema.protocols
+
+from ..engine.chat_template import ChatTemplateError, RenderedPrompt
+from ..engine.generate import DecodeOptions
+from ..engine.grammar import Grammar, GrammarError, json_schema_grammar
+from ..engine.sampling import SamplingParams
+from ..serving.jobs import EmbeddingJob, GenerationJob, ReplyReading
+from ..serving.pool import LoadedModel
+from ..serving.reasoning import opens_thinking, reasoning_of
+from ..serving.tool_calls import ToolCallRules, call_grammar, forced_opening, syntax_of
+from .errors import invalid
+
+JSON_OBJECT = {"type": "object"}
+MAX_CHOICES = 16  # choices (prompts times n) in one request
+
+Prompt = Union[str, list[int]]  # text, or token ids taken as they are
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplyFormat:
+    """JSON that the reply must be: valid against ``schema``; with ``strict``, every keyword enforced."""
+
+    schema: dict
+    strict: bool
+    param: str  # where the request gave it
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolUse:
+    """The tools a request offers (as chat templates take them) and how the model may use them.
+
+    ``choice`` "none" parses no calls; "required" (or a ``name``) starts the
+    reply inside a call whose arguments are constrained to the tool's schema.
+    With ``strict`` tools and "auto", a call the model opens is constrained the
+    same way, and a call is taken only if its arguments validate. With
+    ``one_call`` a reply ends at its first call.
+    """
+
+    tools: tuple[dict, ...]
+    strict: frozenset[str] = frozenset()
+    choice: str = "auto"  # "auto", "none" or "required"
+    name: Optional[str] = None
+    one_call: bool = False
+
+    @property
+    def forced(self) -> bool:
+        return self.choice == "required" or self.name is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """One request for generation, whatever protocol it came in.
+
+    The prompt is chat ``messages`` rendered by the model's template, or else
+    each of the raw ``prompts``; each gets ``n`` replies. ``thinking``
+    switches a reasoning model's thinking on or off where its template can,
+    and ``thinking_budget`` closes it after that many tokens. ``max_tokens``
+    None means up to the context's end. ``prompt_param`` and
+    ``max_tokens_param`` are the body's names for the prompt and the limit,
+    named in errors.
+    """
+
+    model: str
+    prompt_param: str
+    messages: Optional[list[dict]] = None
+    prompts: Sequence[Prompt] = ()
+    n: int = 1
+    tools: Optional[ToolUse] = None
+    reply_format: Optional[ReplyFormat] = None
+    thinking: Optional[bool] = None
+    thinking_budget: Optional[int] = None
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    max_tokens: Optional[int] = None
+    max_tokens_param: str = "max_tokens"
+    top_logprobs: Optional[int] = None
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether tool calls are parsed out of the reply."""
+        return bool(self.tools and self.tools.tools) and self.tools.choice != "none"
+
+
+def check(request: GenerationRequest) -> None:
+    """Refuse, before any model is involved, what no model could answer."""
+    tools = request.tools
+    if tools is not None and tools.name is not None and tools.name not in {t["function"]["name"] for t in tools.tools}:
+        raise invalid(f"tool_choice names {tools.name!r}, which is not among the tools", param="tool_choice")
+    if request.reply_format is not None and request.calls_tools:
+        raise invalid("a JSON response format together with tools is not supported yet: "
+                      "send tool_choice none, or no response format", param=request.reply_format.param)
+    if len(request.prompts or [None]) * request.n > MAX_CHOICES:
+        raise invalid(f"at most {MAX_CHOICES} choices (prompts times n) per request", param="n")
+    for tool in tools.tools if tools else ():
+        if tool["function"]["name"] in tools.strict:
+            _check_schema(tool["function"]["parameters"], "tools",
+                          f"the parameters of tool {tool['function']['name']!r}")
+    if request.reply_format is not None:
+        _check_schema(request.reply_format.schema, request.reply_format.param, "the response format's schema")
+
+
+def plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
+    """The job that answers a checked ``request`` on ``model``: its prompts' tokens, how replies are decoded and read.
+
+    400 if the template cannot take the messages or tools, if a prompt does
+    not fit the context, or if a schema cannot be enforced.
+    """
+    tokenizer = model.engine.tokenizer
+    reading, grammar_text, grammar_after = ReplyReading(), None, ""
+    texts: Sequence[Union[Prompt, RenderedPrompt]] = request.prompts
+    if request.messages is not None:
+        rendered = render_chat(model, request.messages, request.tools.tools if request.tools else None,
+                               request.thinking)
+        texts = [rendered]
+        reasoning = reasoning_of(model.template.source)
+        inside = reasoning is not None and opens_thinking(rendered.text, reasoning)
+        reading = ReplyReading(reasoning=reasoning, inside_thinking=inside)
+        if request.calls_tools:
+            reading, grammar_text, grammar_after = _tool_reading(model, request.tools, reading)
+    if request.reply_format is not None:
+        grammar_text = json_schema_grammar(request.reply_format.schema, lenient=not request.reply_format.strict)
+        grammar_after = reading.reasoning.close if reading.inside_thinking else ""  # the answer follows the thinking
+    after_prompt = reading.reply_start
+    if reading.inside_thinking and reading.reply_start:  # a forced call comes after the thinking: left empty
+        after_prompt = reading.reasoning.close + "\n\n" + reading.reply_start
+        reading = dataclasses.replace(reading, inside_thinking=False)
+    token_lists = [_prompt_tokens(model, text, after_prompt, request) for text in texts]
+    decode = DecodeOptions(
+        end_ids=model.end_ids,
+        max_tokens=request.max_tokens or model.engine.context_length - max(map(len, token_lists)),
+        sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),
+        grammar=_grammar(model, grammar_text, request), constrain_after=grammar_after,
+        thinking_close=reading.reasoning.close if reading.inside_thinking else "",
+        thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs,
+    )
+    return GenerationJob(token_lists, request.n, tokenizer, decode, reading)
+
+
+def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str) -> EmbeddingJob:
+    """The job that embeds each input on ``model``; 400 if one does not fit its context."""
+    context = model.engine.context_length
+    token_lists = []
+    for index, given in enumerate(inputs):
+        if isinstance(given, str) and model.engine.tokenizer.fewest_tokens(given) > context:
+            raise invalid(f"input {index} cannot fit this model's context of {context} tokens",
+                          param=param, code="context_length_exceeded")
+        tokens = model.tokenize(given) if isinstance(given, str) else _known_ids(model, given, param)
+        if len(tokens) > context:
+            raise invalid(f"input {index} has {len(tokens)} tokens; this model's context is {context}",
+                          param=param, code="context_length_exceeded")
+        token_lists.append(tokens)
+    return EmbeddingJob(token_lists)
+
+
+def render_chat(
+    model: LoadedModel, messages: list[dict], tools: Optional[Sequence[dict]], thinking: Optional[bool] = None,
+) -> RenderedPrompt:
+    """The prompt from the model's chat template; 400 if the template cannot take these messages or tools."""
+    if tools and not model.template.supports_tools:
+        raise invalid(f"the chat template of model {model.id!r} does not support tools", param="tools")
+    try:
+        # In the model's preparation thread: a long conversation or template loop must not stall the event loop.
+        return model.prep.apply(model.template.render, (messages, list(tools) if tools else None, thinking))
+    except ChatTemplateError as exc:
+        raise invalid(str(exc), param="messages") from None
+
+
+def _tool_reading(model: LoadedModel, tools: ToolUse, reading: ReplyReading) -> tuple[ReplyReading, Optional[str], str]:
+    """How a reply with tools is read, and the grammar of its calls (with where it starts), if they are constrained."""
+    syntax = syntax_of(model.template.source)
+    control = model.engine.tokenizer.control
+    rules = ToolCallRules(syntax, _accept_calls(tools))
+    if tools.forced:
+        opening = forced_opening(syntax, tools.name)
+        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, tools.name)
+        return dataclasses.replace(reading, tool_rules=rules, reply_start=opening, one_tool_call=tools.one_call), \
+            grammar, ""
+    reading = dataclasses.replace(reading, tool_rules=rules, one_tool_call=tools.one_call)
+    if tools.strict:  # the model may answer or call: a call it opens follows the schemas
+        return reading, call_grammar(syntax, list(tools.tools), tools.strict, control, forced=False), syntax.open
+    return reading, None, ""
+
+
+def _grammar(model: LoadedModel, text: Optional[str], request: GenerationRequest) -> Optional[Grammar]:
+    """The grammar built for the model's vocabulary (in its preparation thread); 400 if it cannot be."""
+    if text is None:
+        return None
+    try:
+        return model.prep.apply(Grammar, (model.engine.tokenizer, model.end_ids, text))
+    except GrammarError as exc:
+        param = request.reply_format.param if request.reply_format is not None else "tools"
+        raise invalid(f"the schema cannot be enforced: {exc}", param=param) from None
+
+
+def _sampling(model: LoadedModel, sampling: SamplingParams) -> SamplingParams:
+    """The sampling parameters; 400 if a logit bias names a token outside the model's vocabulary."""
+    vocab = model.engine.tokenizer.vocab_size
+    for token, _ in sampling.logit_bias:
+        if token >= vocab:
+            raise invalid(f"logit_bias: {str(token)!r} is not a token id of this model", param="logit_bias")
+    return sampling
+
+
+def _prompt_tokens(model: LoadedModel, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,
+                   request: GenerationRequest) -> list[int]:
+    """One prompt's tokens, ``after_prompt`` text included; 400 if it does not fit the context with max_tokens more."""
+    context = model.engine.context_length
+    param, max_tokens = request.prompt_param, request.max_tokens
+    if isinstance(prompt, list):
+        tokens = _known_ids(model, prompt, param)
+    else:
+        rendered = prompt if isinstance(prompt, RenderedPrompt) else RenderedPrompt(prompt)
+        full = rendered.text + after_prompt
+        fewest = model.engine.tokenizer.fewest_tokens(full.replace(rendered.inert, "") if rendered.inert else full)
+        if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
+            raise invalid(f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
+                          param=param, code="context_length_exceeded")
+        tokens = model.tokenize(full, inert=rendered.inert)
+    if len(tokens) + (max_tokens or 1) > context:
+        raise invalid(
+            f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens"
+            + (f" and {request.max_tokens_param} asks for {max_tokens} more" if max_tokens else ""),
+            param=request.max_tokens_param if max_tokens else param,
+            code="context_length_exceeded",
+        )
+    return tokens
+
+
+def _check_schema(schema: dict, param: str, what: str = "the schema") -> None:
+    """400 unless ``schema`` is a JSON Schema."""
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise invalid(f"{what} is not a valid JSON Schema: {exc.message}", param=param) from None
+
+
+def _known_ids(model: LoadedModel, ids: list[int], param: str) -> list[int]:
+    """Token ids given by the client, taken as they are; 400 if one is not in the model's vocabulary."""
+    vocab = model.engine.tokenizer.vocab_size
+    if any(token >= vocab for token in ids):
+        raise invalid(f"{param} has token ids outside this model's vocabulary of {vocab}", param=param)
+    return list(ids)
+
+
+def _accept_calls(tools: ToolUse) -> Callable[[str, dict], bool]:
+    """Which calls the tools take: a known name, and for a strict tool, arguments its schema validates."""
+    checks: dict[str, Optional[jsonschema.protocols.Validator]] = {}  # None: any arguments
+    for tool in tools.tools:
+        name, schema = tool["function"]["name"], tool["function"]["parameters"]
+        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        checks[name] = validator(schema) if name in tools.strict else None
+
+    def accept(name: str, arguments: dict) -> bool:
+        return name in checks and (checks[name] is None or checks[name].is_valid(arguments))
+
+    return accept

@@ -1,0 +1,98 @@
+"""Starting a session: everything before the commit that every generating and embedding endpoint shares.
+
+Model lookup and load, admission, and the request's plan (prompt
+preparation, the context check) all happen here, so their failures are
+real HTTP errors.
+"""
+
+import contextlib
+import time
+from typing import Callable, Iterator, Sequence
+
+import flask
+
+from ..serving.drain import ShuttingDown
+from ..serving.jobs import Job
+from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, NeverFits, NoRoom, Overloaded
+from ..serving.session import Session
+from .client import client_watch
+from .errors import ApiError, invalid, model_not_found
+from .planning import GenerationRequest, Prompt, check, plan, plan_embedding
+from .state import record, state
+
+
+@contextlib.contextmanager
+def use_model(model_id: str) -> Iterator[LoadedModel]:
+    """The loaded model, kept loaded until the block ends.
+
+    404 if it is not configured; 503 if it cannot load, or cannot be loaded
+    now because the models that would make room for it are in use (with
+    Retry-After); 400 if it is larger than the memory budget. Only a configured
+    id is recorded: logs and metric labels never carry what a client made up.
+    """
+    if model_id not in state().settings.models:
+        raise model_not_found(model_id)
+    record().model = model_id
+    try:
+        model = state().pool.get(model_id)
+    except ModelUnavailable as exc:
+        raise ApiError(503, str(exc), code="model_unavailable") from None
+    except NoRoom as exc:
+        raise ApiError(503, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
+    except NeverFits as exc:
+        raise invalid(str(exc), param="model", code="model_too_large") from None
+    try:
+        yield model
+    finally:
+        model.unclaim()
+
+
+def start_generation(request: GenerationRequest) -> Session:
+    """Check, admit and plan one generation; return its not yet started session."""
+    check(request)
+    return _start(request.model, lambda model: plan(model, request))
+
+
+def start_embedding(model_id: str, inputs: Sequence[Prompt], param: str) -> Session:
+    """Admit and plan the embedding of ``inputs``; return its session."""
+    return _start(model_id, lambda model: plan_embedding(model, inputs, param))
+
+
+def shutting_down() -> ApiError:
+    """A 503 for work that arrives while the server shuts down; its outcome is logged as "shutdown"."""
+    record().outcome = "shutdown"
+    return ApiError(503, "the server is shutting down; retry on another instance", code="shutting_down",
+                    headers={"Retry-After": "1"})
+
+
+def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:
+    """Look up the model, take an admission place, prepare the job: the shared path before the commit."""
+    kronk = state()
+    settings = kronk.settings
+    rec = record()
+    deadline = rec.started + settings.request_timeout
+    if kronk.pool.drain.started:
+        raise shutting_down()
+    gone = client_watch(flask.request.environ)
+    with use_model(model_id) as model:  # the lease keeps it loaded from admission on
+        try:
+            lease = model.admit(min(settings.admission_timeout, deadline - time.monotonic()), gone, kronk.pool.drain)
+        except ShuttingDown:
+            raise shutting_down() from None
+        except Overloaded as exc:
+            kronk.metrics.rejected.labels(model_id).inc()
+            raise ApiError(429, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
+        except ClientGone:
+            rec.outcome = "client_gone"
+            raise ApiError(499, "client closed the connection while waiting for admission") from None
+    try:
+        job = prepare(model)
+    except BaseException:
+        lease.release()
+        raise
+    session = Session(
+        model, lease, job, started=rec.started, deadline=deadline, drain=kronk.pool.drain,
+        keepalive=settings.keepalive_interval, client_gone=gone, metrics=kronk.metrics,
+    )
+    rec.stats = session.stats
+    return session

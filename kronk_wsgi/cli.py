@@ -38,7 +38,7 @@ def _make_model(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .catalog import describe
+    from .describe import describe
     from .engine.gguf_file import BadModelFile
 
     try:
@@ -65,7 +65,8 @@ def _pull(args: argparse.Namespace) -> int:
 
 def _models(args: argparse.Namespace) -> int:
     from . import hub
-    from .catalog import local_file, summary
+    from .catalog import local_file
+    from .describe import summary
 
     try:
         settings = settings_from_config(read_config(args.config))

@@ -33,12 +33,13 @@ class ModelSpec(BaseModel):
     revision: Optional[str] = None
     demo: Optional[str] = None  # or a generated demo model of this size ("tiny", "medium")
     context_length: Optional[int] = Field(None, ge=16)  # default: the file's own
-    model_type: Optional[str] = None  # for legacy GGML files (gpt2, mpt, ...)
     chat_template: Optional[str] = None  # a built-in name or Jinja text; default: the file's
-    # "auto": ctransformers for the files it runs, llama.cpp for the others; or "ctransformers", "llama.cpp",
-    # or "package.module:EngineClass"
+    # "auto": the first engine of the registry that runs the file and takes the engine_options;
+    # or "ctransformers", "llama.cpp", or "package.module:KIND"
     engine: str = "auto"
-    gpu_layers: int = Field(0, ge=-1)  # layers llama.cpp puts on a GPU (-1: all); needs the llama.cpp engine
+    # Options of the model's engine (ctransformers: model_type, prefill_chunk; llama.cpp: gpu_layers),
+    # checked by the engine when the app starts
+    engine_options: dict[str, Any] = Field(default_factory=dict)
 
     def describe(self) -> str:
         """Where the model comes from, in a few words."""
@@ -55,8 +56,6 @@ class ModelSpec(BaseModel):
             raise ValueError("filename, quant and revision belong with a repo_id")
         if self.filename is not None and self.quant is not None:
             raise ValueError("give filename or quant, not both")
-        if self.gpu_layers and self.engine not in ("auto", "llama.cpp"):
-            raise ValueError("gpu_layers needs the llama.cpp engine")
         return self
 
 

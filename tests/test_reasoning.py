@@ -65,7 +65,7 @@ def thinker(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("thinker")
     script = tmp / "script.txt"
     script.write_text("")
-    engine = "tests.support.scripted:ScriptedEngine"
+    engine = "tests.support.scripted:KIND"
     models = {"opens": {"path": str(tiny_model), "engine": engine, "chat_template": OPENS_THINKING},
               "writes": {"path": str(tiny_model), "engine": engine, "chat_template": WRITES_THINKING}}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "opens", "KRONK_TEST_SCRIPT_FILE": str(script)}

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from .conftest import run_server
-from .support.rawhttp import RawStream
+from kronk_wsgi.testing.rawhttp import RawStream
 
-SCRIPTED = "tests.support.scripted:ScriptedEngine"
+SCRIPTED = "tests.support.scripted:KIND"
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER}}]

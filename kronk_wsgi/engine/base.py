@@ -9,9 +9,12 @@ nothing above the engine layer changes.
 """
 
 import abc
-from typing import Callable, Optional, Sequence
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+import pydantic
 
 from .tokenizer import Tokenizer
 
@@ -44,10 +47,8 @@ class Cancelled(Exception):
 class Slot(abc.ABC):
     """One inference instance: a KV cache and the tokens it holds."""
 
-    # Prompt tokens per engine call: the engine's speed, against how soon a cancel is seen. For ctransformers
-    # (bench/run.py --chunks, one thread), 32 prefills within 2% of the best chunk size on the medium
-    # model and on SmolLM2, and a chunk of SmolLM2 takes ~0.33 s: a cancel is seen within 0.5 s.
-    prefill_chunk = 32
+    # Prompt tokens per engine call: the engine's speed, against how soon a cancel is seen (each engine sets its own).
+    prefill_chunk: int
 
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
@@ -115,9 +116,60 @@ class Engine(abc.ABC):
     context_length: int
     tokenizer: Tokenizer
     chat_template: Optional[str]  # the file's own, if it has one
-    # Whether the slots decode together, in one call at a time, or each in its own calls at once.
-    batched: bool = False
+    kind: "EngineKind"  # set when its kind loads it
 
     @abc.abstractmethod
     def new_slots(self, count: int, threads: int) -> list[Slot]:
         """``count`` inference instances; each decode call runs on ``threads`` compute threads."""
+
+    def close(self) -> None:
+        """Free what the engine holds outside Python (its model, contexts and threads); its slots are unusable after."""
+
+
+class EngineOptions(pydantic.BaseModel):
+    """The options an engine kind takes per model (``engine_options`` in a model's settings); none by default."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """What an engine kind makes of a file: why it cannot run it (None: it can), and how it runs it."""
+
+    problem: Optional[str] = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineKind:
+    """One engine, as the registry lists it.
+
+    ``engine`` makes a loaded model from (model id, file, context length or
+    None for the file's, options); ``options`` validates the per-model options
+    it takes. ``fit(path)`` says whether and how it runs a file.
+    ``batched``: its slots share one decode call at a time. ``missing`` says how
+    to install it where ``available()`` is false.
+    """
+
+    name: str
+    engine: Callable[[str, Path, Optional[int], Any], Engine]
+    fit: Callable[[Path], Fit]
+    options: type[EngineOptions] = EngineOptions
+    batched: bool = False
+    available: Callable[[], bool] = lambda: True
+    missing: str = ""
+
+    def check_options(self, options: dict[str, Any]) -> EngineOptions:
+        """The options validated; ValueError naming the option that is wrong."""
+        try:
+            return self.options(**options)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False))
+            raise ValueError(f"engine_options for {self.name}: {problems}") from None
+
+    def load(self, model_id: str, path: Path, context_length: Optional[int], options: dict[str, Any]) -> Engine:
+        if not self.available():
+            raise EngineError(f"the {self.name} engine is not installed: {self.missing}")
+        engine = self.engine(model_id, path, context_length, self.check_options(options))
+        engine.kind = self
+        return engine

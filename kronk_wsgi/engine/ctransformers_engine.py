@@ -18,8 +18,10 @@ from ctransformers.llm import LLM, Config
 from ctransformers.lib import find_library
 
 from ..config import cache_dir
-from .base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError, Slot
-from .ctransformers_files import compatible_file
+import pydantic
+
+from .base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError, EngineKind, EngineOptions, Fit, Slot
+from .ctransformers_files import check, compatible_file
 from .gguf_file import is_gguf, read_gguf
 from .tokenizer import GGUFTokenizer, Tokenizer
 
@@ -51,13 +53,22 @@ def _load(path: Path, model_type: Optional[str], context_length: int) -> LLM:
         raise EngineError(f"ctransformers could not load {path.name}: {exc}") from None
 
 
+class CTransformersOptions(EngineOptions):
+    """What a model may set for this engine."""
+
+    model_type: Optional[str] = None  # for legacy GGML files (gpt2, mpt, ...)
+    # Prompt tokens per call: its speed against how soon a cancel is seen (docs/ENGINES.rst has the measurements).
+    prefill_chunk: int = pydantic.Field(32, ge=1)
+
+
 class CTransformersSlot(Slot):
     """One LLM instance: its own KV cache, used by one thread at a time."""
 
-    def __init__(self, llm: LLM, threads: int) -> None:
+    def __init__(self, llm: LLM, threads: int, prefill_chunk: int) -> None:
         super().__init__()
         self._llm = llm
         self._threads = threads
+        self.prefill_chunk = prefill_chunk
         self._n_vocab = llm.ctransformers_llm_vocab_size()
 
     def _eval(self, tokens: Sequence[int], n_past: int, pick=None) -> None:  # decode picks, on logits()
@@ -121,9 +132,11 @@ class CTransformersEngine(Engine):
 
     slot_class = CTransformersSlot
 
-    def __init__(self, name: str, path: Path, context_length: Optional[int] = None, model_type: Optional[str] = None):
+    def __init__(self, name: str, path: Path, context_length: Optional[int] = None,
+                 options: CTransformersOptions = CTransformersOptions()) -> None:
         self.name = name
-        self._model_type = model_type
+        self._model_type = options.model_type
+        self._prefill_chunk = options.prefill_chunk
         if is_gguf(path):
             model = read_gguf(path)
             self._path = compatible_file(model, cache_dir())
@@ -133,7 +146,7 @@ class CTransformersEngine(Engine):
         else:
             self._path = path
             # This instance only tokenizes: it never evaluates, so it needs no real cache.
-            self.tokenizer = CTokenizer(_load(path, model_type, 8))
+            self.tokenizer = CTokenizer(_load(path, options.model_type, 8))
             self.chat_template = None
             file_context = None
         self.context_length = int(context_length or file_context or DEFAULT_CONTEXT_LENGTH)
@@ -145,5 +158,18 @@ class CTransformersEngine(Engine):
             llm = _load(self._path, self._model_type, self.context_length)
             if llm.ctransformers_llm_vocab_size() != self.tokenizer.vocab_size:
                 raise EngineError(f"{self._path.name}: the engine's vocabulary differs from the file's tokenizer")
-            slots.append(self.slot_class(llm, threads))
+            slots.append(self.slot_class(llm, threads, self._prefill_chunk))
         return slots
+
+
+def fit(path: Path) -> Fit:
+    """Whether this engine runs a file (a legacy GGML file: only this engine reads those), and from a copy or not."""
+    if not is_gguf(path):
+        return Fit()
+    result = check(read_gguf(path))
+    if not result.runs:
+        return Fit("; ".join(result.problems))
+    return Fit(note=f"from a prepared copy ({'; '.join(result.fixes)})" if result.fixes else "")
+
+
+KIND = EngineKind("ctransformers", CTransformersEngine, fit, options=CTransformersOptions)

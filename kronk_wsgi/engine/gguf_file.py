@@ -155,8 +155,8 @@ def read_gguf(path: Path) -> GGUFFile:
     """Read and check a GGUF file's header; raise BadModelFile if unusable.
 
     A load asks for it several times (memory estimate, engine choice, the engine itself), and
-    parsing SmolLM2's 49k-token vocabulary takes ~0.12 s: the last few files read are kept,
-    each for as long as its size and modification time stay the same.
+    parsing a large vocabulary takes a noticeable part of a load (docs/ENGINES.rst): the last few
+    files read are kept, each for as long as its size and modification time stay the same.
     """
     stat = os.stat(path)
     return _read_gguf(Path(path), stat.st_size, stat.st_mtime_ns)

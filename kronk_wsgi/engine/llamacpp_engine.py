@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+import pydantic
 from gevent import monkey
 
-from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Pick, Slot
-from .gguf_file import read_gguf
+from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, EngineKind, EngineOptions, Fit, Pick, Slot
+from .gguf_file import is_gguf, read_gguf
 from .tokenizer import GGUFTokenizer
 
 try:
@@ -158,8 +159,8 @@ class _DecodeThread:
 
     llama.cpp runs a call's threads as an OpenMP team of the calling thread. Each thread that
     ever calls gets a team of its own, and once teams outnumber the cores, the barriers between
-    a graph's steps stop spinning and sleep: a stream decoded from a second calling thread ran at
-    20 ms a token instead of 8 (SmolLM2, 2 threads). So slot threads hand their tokens to this
+    a graph's steps stop spinning and sleep: a stream decoded from a second calling thread ran
+    less than half as fast (docs/ENGINES.rst). So slot threads hand their tokens to this
     thread and wait. Each call it makes takes every waiting slot of one model; before a call it
     gives the slots of that model's previous call up to GATHER_SECONDS after it to come back with their
     next tokens (they detokenize and check stops in between), so a model's streams advance together,
@@ -398,13 +399,17 @@ class LlamaCppSlot(Slot):
         return self._embedding.copy()
 
 
+class LlamaCppOptions(EngineOptions):
+    """What a model may set for this engine."""
+
+    gpu_layers: int = pydantic.Field(0, ge=-1)  # layers put on a GPU (-1: all)
+
+
 class LlamaCppEngine(Engine):
     """A GGUF file loaded by llama.cpp; its slots share one context, one sequence each."""
 
-    batched = True
-
-    def __init__(self, name: str, path: Path, context_length: Optional[int] = None, model_type: Optional[str] = None,
-                 gpu_layers: int = 0):
+    def __init__(self, name: str, path: Path, context_length: Optional[int] = None,
+                 options: LlamaCppOptions = LlamaCppOptions()) -> None:
         if llama_cpp is None:
             raise EngineError("the llama.cpp engine needs llama-cpp-python: pip install 'kronk_wsgi[llamacpp]'")
         self.name = name
@@ -414,7 +419,7 @@ class LlamaCppEngine(Engine):
         self.context_length = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
         _start_backend()
         params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = gpu_layers
+        params.n_gpu_layers = options.gpu_layers
         _errors.clear()
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
@@ -447,14 +452,30 @@ class LlamaCppEngine(Engine):
         self._batcher = _Batcher(self._ctx, self._n_vocab, self._n_embd, count)
         return [LlamaCppSlot(self, seq) for seq in range(count)]
 
-    def __del__(self) -> None:
+    def close(self) -> None:
+        """Free the batch, context, threads and model, once; called on unload, and when the engine is collected."""
         if llama_cpp is None:
             return
         if getattr(self, "_batcher", None) is not None:
             llama_cpp.llama_batch_free(self._batcher._batch)
+            self._batcher = None
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
+            self._ctx = None
         if getattr(self, "_threadpool", None):
             _free_threadpool(self._threadpool)
+            self._threadpool = None
         if getattr(self, "_model", None):
             llama_cpp.llama_model_free(self._model)
+            self._model = None
+
+    __del__ = close
+
+
+def fit(path: Path) -> Fit:
+    """Whether this engine runs a file: any GGUF file (of an architecture llama.cpp knows)."""
+    return Fit() if is_gguf(path) else Fit("a legacy GGML file, which llama.cpp no longer reads")
+
+
+KIND = EngineKind("llama.cpp", LlamaCppEngine, fit, options=LlamaCppOptions, batched=True, available=available,
+                  missing="pip install 'kronk_wsgi[llamacpp]'")

@@ -18,8 +18,9 @@ import gevent.lock
 import structlog
 from gevent.threadpool import ThreadPool
 
-from ..catalog import footprint, load_engine, local_file
-from ..config import ModelSpec, Settings
+from ..catalog import check_engine_options, load_engine, local_file
+from ..config import ConfigError, ModelSpec, Settings
+from ..describe import footprint
 from ..engine.base import Engine, EngineError, Slot, shared_prefix
 from ..engine.chat_template import ChatTemplate
 from ..metrics import Metrics
@@ -83,8 +84,8 @@ class LoadedModel:
     """A model with PARALLEL slots, a worker thread per slot, and admission places.
 
     Every engine call runs in one of this model's OS threads, never in a
-    greenlet: slot work in ``threads`` (one per slot), tokenizing in
-    ``tokenizer`` (one thread, so a tokenizer is never shared). Generation
+    greenlet: slot work in ``slot_threads`` (one per slot); tokenizing,
+    templates and grammars in ``prep`` (one thread, so a tokenizer is never shared). Generation
     ends at ``end_ids``: the tokenizer's end tokens and the control token the
     chat template closes a turn with.
     """
@@ -101,8 +102,8 @@ class LoadedModel:
         closing = engine.tokenizer.control.get(template.closing_token() or "")
         self.end_ids = engine.tokenizer.end_ids | ({closing} if closing is not None else set())
         self.created = int(time.time())
-        self.threads = ThreadPool(len(slots))
-        self.tokenizer = ThreadPool(1)
+        self.slot_threads = ThreadPool(len(slots))
+        self.prep = ThreadPool(1)
         self._free_slots = list(slots)  # the slot given back longest ago first
         self._slot_freed = gevent.lock.Semaphore(len(slots))
         self._places = gevent.lock.BoundedSemaphore(places)
@@ -151,19 +152,20 @@ class LoadedModel:
         return self.places - self._places.counter
 
     def close(self) -> None:
-        """Stop the model's threads; the engine is freed with the last reference to it."""
-        self.threads.kill()
-        self.tokenizer.kill()
+        """Stop the model's threads and free its engine."""
+        self.slot_threads.kill()
+        self.prep.kill()
+        self.engine.close()
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                  inert: Optional[str] = None) -> list[int]:
         """Token ids of ``text``: a whole prompt (BOS and EOS as the model asks) unless not ``add_special``."""
         tokenizer = self.engine.tokenizer
         encode = tokenizer.prompt if add_special else tokenizer.encode
-        return self.tokenizer.apply(encode, (text, parse_special, inert))
+        return self.prep.apply(encode, (text, parse_special, inert))
 
     def detokenize(self, tokens: list[int]) -> bytes:
-        return self.tokenizer.apply(self.engine.tokenizer.decode, (tokens,))
+        return self.prep.apply(self.engine.tokenizer.decode, (tokens,))
 
     def admit(self, timeout: float, client_gone: Callable[[], bool], drain: Drain) -> Lease:
         """Wait up to ``timeout`` seconds for a place; Overloaded, ClientGone or ShuttingDown otherwise."""
@@ -184,6 +186,12 @@ class ModelPool:
     """The configured models of one app; each loads once, on first use, and may be unloaded when unused."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        """ConfigError if a model's engine does not take its engine_options."""
+        for model_id, spec in settings.models.items():
+            try:
+                check_engine_options(spec)
+            except (ValueError, EngineError) as exc:
+                raise ConfigError(f"models.{model_id}: {exc}") from None
         self.settings = settings
         self.metrics = metrics
         self.drain = Drain()
@@ -261,7 +269,7 @@ class ModelPool:
         log.info(
             "model loaded", model=model_id, seconds=round(time.monotonic() - started, 3),
             context_length=model.engine.context_length, slots=self.settings.parallel,
-            threads=self.settings.threads_per_call(engine.batched), memory_mb=round(memory / 1e6),
+            threads=self.settings.threads_per_call(engine.kind.batched), memory_mb=round(memory / 1e6),
         )
         if self.settings.idle_unload_seconds is not None and self._sweeper is None:
             self._sweeper = gevent.spawn(self._sweep)
@@ -327,5 +335,6 @@ class ModelPool:
             spec.chat_template, engine.chat_template, tokenizer.token_text(tokenizer.bos_id),
             tokenizer.token_text(tokenizer.eos_id), tokenizer.control,
         )
-        self.settings.check_cores(engine.batched)
-        return engine, template, engine.new_slots(self.settings.parallel, self.settings.threads_per_call(engine.batched))
+        batched = engine.kind.batched
+        self.settings.check_cores(batched)
+        return engine, template, engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))

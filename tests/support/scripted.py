@@ -10,11 +10,13 @@ Tokenizing, prefill, decoding and detokenizing stay the real engine's. Used
 to make the model write tool calls, which a random tiny model never does.
 """
 
+import dataclasses
 import os
 from pathlib import Path
 
 import numpy as np
 
+from kronk_wsgi.engine import ctransformers_engine
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine, CTransformersSlot
 
 FREE = "<<free>>"
@@ -60,3 +62,6 @@ class ScriptedEngine(CTransformersEngine):
         for slot in slots:
             slot.tokenizer = self.tokenizer
         return slots
+
+
+KIND = dataclasses.replace(ctransformers_engine.KIND, name="scripted", engine=ScriptedEngine)

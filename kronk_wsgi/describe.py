@@ -1,0 +1,113 @@
+"""What a model file holds and takes: its memory footprint, and a description a user reads before serving it."""
+
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import gguf
+
+from .engine.base import DEFAULT_CONTEXT_LENGTH
+from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
+from .engine.registry import ENGINES
+from .engine.tokenizer import GGUFTokenizer
+
+
+def kv_cache_bytes(model, context: int) -> int:
+    """One slot's KV cache at ``context`` tokens (keys and values in f16); 0 if the file does not say its shape."""
+    width, heads = model.arch_value("embedding_length"), model.arch_value("attention.head_count")
+    kv_heads = model.arch_value("attention.head_count_kv", heads)
+    layers = model.arch_value("block_count")
+    if not (width and heads and layers):
+        return 0
+    return 2 * layers * context * (width * kv_heads // heads) * 2
+
+
+def footprint(path: Path, context_length: Optional[int], slots: int) -> int:
+    """The memory a model takes loaded, estimated: its file, and each slot's KV cache at the context served."""
+    size = path.stat().st_size
+    if not is_gguf(path):
+        return size
+    model = read_gguf(path)
+    context = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
+    return size + slots * kv_cache_bytes(model, context)
+
+
+def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str, str]]:
+    """What a user needs to know before serving a model file, as (label, text) rows."""
+    model = read_gguf(path)
+    get = model.get
+    arch = model.architecture
+    size = path.stat().st_size
+    context = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
+    types = Counter(t.type_name for t in model.tensors)
+    file_type = get("general.file_type")
+    width, heads = model.arch_value("embedding_length"), model.arch_value("attention.head_count")
+    kv_heads = model.arch_value("attention.head_count_kv", heads)
+    layers = model.arch_value("block_count")
+    rows = [
+        ("file", f"{path.name} ({size / 1e6:.1f} MB, GGUF v{model.version})"),
+        ("name", get("general.name") or "-"),
+        ("architecture", arch),
+        ("parameters", f"{sum(t.n_elements for t in model.tensors) / 1e6:.1f} M"),
+        ("quantization", f"{_file_type_name(file_type)}; tensors: "
+                         + ", ".join(f"{name} x{n}" for name, n in types.most_common())),
+        ("context length", f"{model.context_length or '-'} trained; {context} served"),
+        ("shape", f"layers {layers}, width {width}, heads {heads} ({kv_heads} for keys and values)"),
+    ]
+    try:
+        tokenizer = GGUFTokenizer(model)
+    except BadModelFile as exc:
+        rows.append(("vocabulary", f"cannot be read: {exc}"))
+    else:
+        pre = f", pre-tokenizer {tokenizer.pre}" if tokenizer.pre else ""
+        rows.append(("vocabulary", f"{tokenizer.kind}{pre}: {tokenizer.vocab_size} tokens, "
+                                   f"{len(tokenizer.control)} control"))
+        ends = ", ".join(f"{tokenizer.token_text(t)} ({t})" for t in sorted(tokenizer.end_ids))
+        rows.append(("special tokens", f"BOS {_token(tokenizer, tokenizer.bos_id)}, EOS {_token(tokenizer, tokenizer.eos_id)}"
+                                       f"; prompts start with BOS: {'yes' if tokenizer.add_bos else 'no'}"
+                                       f"; generation ends at: {ends or '-'}"))
+    template = model.chat_template
+    lines = template.strip().splitlines() if template else []
+    shown = "\n".join(lines[:6]) + (f"\n... ({len(lines)} lines)" if len(lines) > 6 else "")
+    rows.append(("chat template", shown or "none in the file (the built-in chatml is used)"))
+    if width and heads and layers:
+        kv_cache = kv_cache_bytes(model, context)
+        rows.append(("memory", f"{size / 1e6:.0f} MB of weights (memory-mapped, shared by all slots) "
+                               f"+ {kv_cache / 1e6:.0f} MB of KV cache per slot at context {context}"))
+    rows.append(("engine", engine_verdict(path)))
+    return rows
+
+
+def engine_verdict(path: Path, short: bool = False) -> str:
+    """Which engine "auto" runs a file on, and why not the ones before it (``short``: its name only)."""
+    verdicts = ENGINES.verdicts(path)
+    refused = "; ".join(f"{kind.name} cannot ({fit.problem})" for kind, fit in verdicts if fit.problem)
+    for kind, fit in verdicts:
+        if fit.problem is None and kind.available():
+            shown = kind.name + (f", {fit.note}" if fit.note and not short else "")
+            return f"{shown} ({refused})" if refused and not short else shown
+    if short:
+        return "none installed"
+    missing = ", ".join(f"{kind.name} would: {kind.missing}" for kind, fit in verdicts if fit.problem is None)
+    return f"none installed: {refused}" + (f"; {missing}" if missing else "")
+
+
+def summary(path: Path) -> dict[str, str]:
+    """A model file in one line's worth: architecture, quantization, trained context, which engine runs it."""
+    try:
+        model = read_gguf(path)
+    except (OSError, BadModelFile) as exc:
+        return {"architecture": "-", "quantization": "-", "context": "-", "engine": f"unreadable: {exc}"}
+    return {"architecture": model.architecture, "quantization": _file_type_name(model.get("general.file_type")),
+            "context": str(model.context_length or "-"), "engine": engine_verdict(path, short=True)}
+
+
+def _token(tokenizer: GGUFTokenizer, token: Optional[int]) -> str:
+    return "-" if token is None else f"{tokenizer.token_text(token)} ({token})"
+
+
+def _file_type_name(file_type: Optional[int]) -> str:
+    try:
+        return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except (TypeError, ValueError):
+        return "-" if file_type is None else f"file type {file_type}"

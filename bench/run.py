@@ -47,11 +47,11 @@ sys.path.insert(0, str(ROOT))
 from kronk_wsgi.engine.chat_template import ChatTemplate  # noqa: E402
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine  # noqa: E402
 from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
-from kronk_wsgi.engine.generate import Generation  # noqa: E402
+from kronk_wsgi.engine.generate import DecodeOptions, Generation  # noqa: E402
 from kronk_wsgi.engine.grammar import Constraint, Grammar, json_schema_grammar  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
-from tests.conftest import fetch_smollm2, free_port, run_server  # noqa: E402
-from tests.support.storm import storm  # noqa: E402
+from kronk_wsgi.testing import fetch_smollm2, free_port, run_server  # noqa: E402
+from kronk_wsgi.testing.storm import storm  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
 
@@ -65,11 +65,9 @@ def engine_alone(path: Path, tokens: int) -> dict:
     started = time.perf_counter()
     slot.prefill(prompt)
     prefill = time.perf_counter() - started
-    generation = Generation(
-        engine.new_slots(1, 1)[0], prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
-        context_length=engine.context_length,
-        sampling=SamplingParams(seed=1, logit_bias=tuple((t, -100.0) for t in tokenizer.end_ids)),
-    )
+    decode = DecodeOptions(tokenizer.end_ids, tokens,
+                           SamplingParams(seed=1, logit_bias=tuple((t, -100.0) for t in tokenizer.end_ids)))
+    generation = Generation(engine.new_slots(1, 1)[0], prompt, tokenizer, decode, engine.context_length)
     started = time.perf_counter()
     first = None
     for _ in generation:
@@ -220,6 +218,18 @@ class TimedConstraint(Constraint):
             TimedConstraint.seconds += time.perf_counter() - started
 
 
+class TimedGrammar:
+    """A grammar whose constraints are TimedConstraints."""
+
+    def __init__(self, grammar: Grammar) -> None:
+        self.grammar = grammar
+
+    def constraint(self) -> TimedConstraint:
+        constraint = self.grammar.constraint()
+        constraint.__class__ = TimedConstraint
+        return constraint
+
+
 def prefill_chunks(rounds: int = 3) -> list[tuple[str, str]]:
     """ctransformers' prefill rate per chunk size, and how long one chunk (the wait for a cancel) takes."""
     rows = []
@@ -258,12 +268,9 @@ def grammar_cost(tokens: int) -> list[tuple[str, str]]:
     grammar = Grammar(tokenizer, tokenizer.end_ids, json_schema_grammar(schema))
     no_end = tuple((t, -100.0) for t in tokenizer.end_ids)
 
-    def rate(constraint) -> tuple[float, str]:
-        generation = Generation(
-            engine.new_slots(1, 1)[0], prompt, tokenizer=tokenizer, end_ids=tokenizer.end_ids, max_tokens=tokens,
-            context_length=engine.context_length, sampling=SamplingParams(seed=1, logit_bias=no_end),
-            constraint=constraint,
-        )
+    def rate(constrained) -> tuple[float, str]:
+        decode = DecodeOptions(tokenizer.end_ids, tokens, SamplingParams(seed=1, logit_bias=no_end), grammar=constrained)
+        generation = Generation(engine.new_slots(1, 1)[0], prompt, tokenizer, decode, engine.context_length)
         out, first = [], None
         for piece in generation:
             first = first or time.perf_counter()
@@ -272,9 +279,7 @@ def grammar_cost(tokens: int) -> list[tuple[str, str]]:
 
     free, _ = rate(None)
     TimedConstraint.seconds = 0.0
-    timed = grammar.constraint()
-    timed.__class__ = TimedConstraint
-    constrained, sample = rate(timed)
+    constrained, sample = rate(TimedGrammar(grammar))
     per_token = TimedConstraint.seconds / tokens
     print(f"model {path.name}, {tokens} tokens, constrained reply starts: {sample[:80]!r}")
     return [
@@ -398,7 +403,7 @@ def engines_side_by_side(tokens: int, llama_server: Optional[str], rounds: int) 
 def body_storm() -> list[tuple[str, str]]:
     """Eight maximal bodies against one worker (default limits) while a slow stream runs."""
     path = ensure_demo_model("tiny")
-    models = {"slow": {"path": str(path), "engine": "tests.support.faulty:FaultyEngine"}, "tiny": {"path": str(path)}}
+    models = {"slow": {"path": str(path), "engine": "kronk_wsgi.testing.faulty:KIND"}, "tiny": {"path": str(path)}}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "slow", "KRONK_TEST_STEP_DELAY": "0.05"}
     workdir = ROOT / "bench" / "results" / "storm"
     workdir.mkdir(parents=True, exist_ok=True)

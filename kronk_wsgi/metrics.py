@@ -62,8 +62,8 @@ class Metrics:
 class GapCounter:
     """One stream's inter-token gaps, counted here and added to the histogram about once a second.
 
-    ``Histogram.observe`` writes two values to the metrics file under a lock: ~80 µs of the event
-    loop for each token (SmolLM2 on llama.cpp, one stream). A stream's gaps fall in a few buckets,
+    ``Histogram.observe`` writes two values to the metrics file under a lock, a cost per token
+    on the event loop that shows in a stream's rate (docs/ENGINES.rst). A stream's gaps fall in a few buckets,
     so adding each bucket's count at once costs a few writes a second instead. It adds to the
     child's own bucket and sum values, as ``observe`` does (prometheus_client's internals: a test
     checks that the result is what observing each gap gives). Call ``flush`` when the stream ends.

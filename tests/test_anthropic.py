@@ -6,7 +6,7 @@ import anthropic
 import pytest
 import requests
 
-from .support.rawhttp import RawStream
+from kronk_wsgi.testing.rawhttp import RawStream
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 MESSAGES = "/v1/messages"

@@ -103,7 +103,7 @@ def test_default_demo_model_without_configuration(tmp_path):
 
 
 def test_request_timeout_is_an_in_band_error(tmp_path, tiny_model):
-    models = '{"tiny": {"path": "%s", "engine": "tests.support.faulty:FaultyEngine"}}' % tiny_model
+    models = '{"tiny": {"path": "%s", "engine": "kronk_wsgi.testing.faulty:KIND"}}' % tiny_model
     env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.3", "KRONK_REQUEST_TIMEOUT": "1"}
     with run_server(tmp_path, env) as server:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "logit_bias": {"2": -100}}

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from kronk_wsgi.metrics import GapCounter
 
 from .conftest import metric
-from .support.rawhttp import RawStream, data_of
+from kronk_wsgi.testing.rawhttp import RawStream, data_of
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 

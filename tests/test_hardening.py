@@ -15,8 +15,8 @@ from kronk_wsgi import Kronk
 from kronk_wsgi.config import ConfigError, read_config, settings_from_config
 
 from .conftest import ROOT, run_server
-from .support.rawhttp import RawStream
-from .support.storm import storm
+from kronk_wsgi.testing.rawhttp import RawStream
+from kronk_wsgi.testing.storm import storm
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -149,7 +149,7 @@ def test_url_prefix(tiny_model):
 
 def test_eight_maximal_bodies_do_not_stall_the_worker(tiny_model, tmp_path):
     """Bodies parsed, validated and rendered off the event loop: a stream and liveness go on, no worker dies."""
-    models = {"slow": {"path": str(tiny_model), "engine": "tests.support.faulty:FaultyEngine"},
+    models = {"slow": {"path": str(tiny_model), "engine": "kronk_wsgi.testing.faulty:KIND"},
               "tiny": {"path": str(tiny_model)}}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "slow", "KRONK_TEST_STEP_DELAY": "0.05"}
     with run_server(tmp_path, env) as server:
@@ -181,7 +181,7 @@ def test_a_body_that_never_arrives_gets_408_and_the_connection_closed(tiny_model
 
 @pytest.fixture
 def draining(tiny_model, tmp_path):
-    models = json.dumps({"tiny": {"path": str(tiny_model), "engine": "tests.support.faulty:FaultyEngine"}})
+    models = json.dumps({"tiny": {"path": str(tiny_model), "engine": "kronk_wsgi.testing.faulty:KIND"}})
     env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.1", "KRONK_DRAIN_TIMEOUT": "4", "KRONK_PARALLEL": "2",
            "KRONK_THREADS": "1"}
     with run_server(tmp_path, env) as server:

@@ -10,7 +10,7 @@ import requests
 
 from .conftest import FAULTY, run_server
 from .support.hub import FakeHub
-from .support.rawhttp import RawStream
+from kronk_wsgi.testing.rawhttp import RawStream
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from .conftest import FAULTY, ROOT, free_port, run_server
-from .support.rawhttp import RawStream
+from kronk_wsgi.testing.rawhttp import RawStream
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello there"}]

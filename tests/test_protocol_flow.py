@@ -3,7 +3,7 @@
 Keep-alives in each protocol's form, disconnects that free the slot,
 overload as a 429 in each protocol's error shape, and engine failures
 in-band (or a 500 when not streaming). The engine is the real one wrapped
-by tests.support.faulty (delays, failures, no EOS).
+by kronk_wsgi.testing.faulty (delays, failures, no EOS).
 """
 
 import json
@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from .conftest import run_server
-from .support.rawhttp import RawStream
+from kronk_wsgi.testing.rawhttp import RawStream
 from .test_flow_control import faulty_env, metric
 
 HELLO = [{"role": "user", "content": "Hello there"}]

@@ -4,7 +4,7 @@ import openai
 import pytest
 import requests
 
-from .support.rawhttp import RawStream, data_of
+from kronk_wsgi.testing.rawhttp import RawStream, data_of
 
 RESPONSES = "/v1/responses"
 

@@ -7,7 +7,7 @@ import openai
 import pytest
 import requests
 
-from .support.rawhttp import RawStream, data_of
+from kronk_wsgi.testing.rawhttp import RawStream, data_of
 
 NO_EOS = {"logit_bias": {"2": -100}}
 

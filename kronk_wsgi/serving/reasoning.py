@@ -9,6 +9,7 @@ of the reply is thinking: the same tag later on is answer text.
 import dataclasses
 from typing import Optional
 
+from ..engine.generate import partial_tag
 from .events import ReasoningDelta, TextDelta
 
 
@@ -73,9 +74,7 @@ class ReasoningSplitter:
             close = self.syntax.close
             at = self._pending.find(close)
             if at < 0:
-                hold = next((k for k in range(min(len(close) - 1, len(self._pending)), 0, -1)
-                             if self._pending.endswith(close[:k])), 0)
-                cut = len(self._pending) - hold
+                cut = len(self._pending) - partial_tag(self._pending, (close,))
                 if cut:
                     out.append(ReasoningDelta(self._pending[:cut]))
                 self._pending = self._pending[cut:]

@@ -13,6 +13,7 @@ import json
 import uuid
 from typing import Callable, Optional
 
+from ..engine.generate import partial_tag
 from ..engine.grammar import lark_grammar, lark_json, lark_string
 from .events import TextDelta, ToolCall
 
@@ -138,9 +139,7 @@ class ToolCallParser:
             if not self._inside:
                 at = self._pending.find(opening)
                 if at < 0:
-                    hold = next((k for k in range(min(len(opening) - 1, len(self._pending)), 0, -1)
-                                 if self._pending.endswith(opening[:k])), 0)
-                    cut = len(self._pending) - hold
+                    cut = len(self._pending) - partial_tag(self._pending, (opening,))
                     self._text(self._pending[:cut], out)
                     self._pending = self._pending[cut:]
                     return out

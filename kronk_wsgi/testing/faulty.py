@@ -7,12 +7,14 @@ KRONK_TEST_NO_EOS=1 (never end by EOS: for protocols without logit_bias).
 Used for fault injection only; every other test runs the plain engine.
 """
 
+import dataclasses
 import os
 from typing import Sequence
 
 from gevent import monkey
 
 from kronk_wsgi.engine.base import EngineError
+from kronk_wsgi.engine import ctransformers_engine
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine, CTransformersSlot
 
 
@@ -21,8 +23,8 @@ sleep = monkey.get_original("time", "sleep")
 
 
 class FaultySlot(CTransformersSlot):
-    def __init__(self, llm, threads: int) -> None:
-        super().__init__(llm, threads)
+    def __init__(self, llm, threads: int, prefill_chunk: int) -> None:
+        super().__init__(llm, threads, prefill_chunk)
         self.step_delay = float(os.environ.get("KRONK_TEST_STEP_DELAY", "0"))
         self.prefill_delay = float(os.environ.get("KRONK_TEST_PREFILL_DELAY", "0"))
         self.fail_after = int(os.environ.get("KRONK_TEST_FAIL_AFTER", "-1"))
@@ -50,3 +52,6 @@ class FaultyEngine(CTransformersEngine):
         super().__init__(*args, **kwargs)
         if os.environ.get("KRONK_TEST_NO_EOS") == "1":
             self.tokenizer.end_ids = frozenset()
+
+
+KIND = dataclasses.replace(ctransformers_engine.KIND, name="faulty", engine=FaultyEngine)

@@ -50,8 +50,10 @@ class Kronk:
         # starve the event loop longer.
         body_thread = ThreadPool(1)
         prefix = url_prefix.rstrip("/")
-        store = ResponseStore(Path(settings.responses_db or cache_dir() / "responses.sqlite3"), settings.responses_keep)
-        app.extensions["kronk"] = KronkState(settings, pool, metrics, body_thread, store, PROTOCOLS, prefix)
+        store = ResponseStore(Path(settings.responses_db or cache_dir() / "responses.sqlite3"), settings.responses_keep,
+                              settings.responses_max_mb * 1_000_000)
+        app.extensions["kronk"] = KronkState(settings, pool, metrics, body_thread, store, ThreadPool(1), PROTOCOLS,
+                                             prefix)
         api = Blueprint("kronk", __name__)
         for protocol in PROTOCOLS.all:
             api.register_blueprint(protocol.blueprint)

@@ -16,6 +16,9 @@ def model_file(spec: ModelSpec) -> Path:
     if spec.repo_id is not None:
         from . import hub
 
+        cached = None if spec.revision else hub.cached_path(spec.repo_id, spec.filename or spec.quant)
+        if cached is not None:
+            return cached  # as Ollama does: a cached model loads without the hub; `kronk-wsgi pull` updates it
         try:
             # Honours HF_HUB_OFFLINE and HF_HOME: offline, only the local cache is read.
             return hub.pull(spec.repo_id, spec.filename or spec.quant, spec.revision, progress=lambda done, total: None)

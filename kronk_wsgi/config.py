@@ -66,6 +66,9 @@ class Settings(BaseModel):
 
     models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="tiny")})
     default_model: Optional[str] = None  # default: the only model, or the demo model
+    # What `kronk-wsgi serve` pulls from the hub and serves when no model is configured: "owner/repo:QUANT";
+    # empty: the generated demo model.
+    default_pull: str = "bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M"
     parallel: int = Field(1, ge=1)  # slots per model
     threads: Optional[int] = Field(None, ge=1)  # ggml threads per decode call; default: see threads_per_call
     workers: int = Field(1, ge=1)  # gunicorn worker processes
@@ -79,6 +82,7 @@ class Settings(BaseModel):
     cors_origins: list[str] = Field(default_factory=list)  # web origins allowed to call the API ("*": any)
     responses_db: Optional[str] = None  # the SQLite file of stored Responses; default: in the cache directory
     responses_keep: int = Field(10_000, ge=1)  # stored Responses kept; the oldest go first
+    responses_max_mb: int = Field(512, ge=1)  # and at most this much of them
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_body_values: int = Field(20_000, ge=100)  # JSON values in one body (validation time grows with them)
     body_timeout: float = Field(30.0, gt=0)  # seconds for a request body to arrive (408 after)

@@ -19,7 +19,11 @@ import huggingface_hub
 from huggingface_hub import constants
 from huggingface_hub.utils import tqdm as hub_tqdm
 
+from .config import cache_dir
+
 SHA256 = re.compile(r"[0-9a-f]{64}")
+# What a git ref or commit id can be, as far as a path goes: huggingface-hub writes refs/<revision> in the cache.
+REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 
 
 class HubError(RuntimeError):
@@ -37,6 +41,42 @@ class CachedFile:
     size: int
 
 
+def check_revision(revision: Optional[str]) -> None:
+    """HubError unless ``revision`` is a branch, tag or commit name that stays inside the cache (no "..", no "/")."""
+    if revision is None:
+        return
+    if (len(revision) > 255 or not REVISION.fullmatch(revision) or ".." in revision
+            or revision.endswith((".lock", ".")) or "/." in revision):
+        raise HubError(f"revision {revision[:100]!r} is not a branch, tag or commit name")
+
+
+def check_filename(filename: Optional[str]) -> None:
+    """HubError unless ``filename`` is a path inside a repository (no "..", not absolute)."""
+    if filename is None:
+        return
+    parts = filename.split("/")
+    if not filename or filename.startswith("/") or "\\" in filename or any(p in ("", ".", "..") for p in parts):
+        raise HubError(f"file {filename[:100]!r} is not a path inside the repository")
+
+
+def unreachable(timeout: float) -> Optional[str]:
+    """Why the hub (HF_ENDPOINT) does not answer within ``timeout`` seconds, in one try; None if it answers.
+
+    huggingface-hub retries a refused connection five times, backing off for 23 s in all: a first start
+    asks this first, and works from the cache (``go_offline``) when the hub is not there.
+    """
+    try:
+        huggingface_hub.get_session().head(constants.ENDPOINT, timeout=timeout)  # any answer will do
+    except Exception as exc:  # httpx's connect and timeout errors, and whatever else stands in the way
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def go_offline() -> None:
+    """From now on, in this process, only the hub's cache is read."""
+    constants.HF_HUB_OFFLINE = True
+
+
 def offline() -> bool:
     return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
@@ -49,17 +89,22 @@ def _matches(filename: str, quant: str) -> bool:
 def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optional[str] = None) -> str:
     """The GGUF file of ``repo_id`` that ``file_or_quant`` names: a file name, a quantization, or none if only one.
 
-    Offline, the files of the repository that are in the cache are looked at.
+    Offline, or when the hub cannot be reached, the files of the repository that are in the cache are looked at.
     """
+    check_revision(revision)
+    check_filename(file_or_quant)
     if file_or_quant and file_or_quant.endswith(".gguf"):
         return file_or_quant
+    cached = sorted({f.filename for f in cached_files() if f.repo_id == repo_id})
     if offline():
-        names = sorted({f.filename for f in cached_files() if f.repo_id == repo_id})
+        names = cached
     else:
         try:
             names = sorted(huggingface_hub.list_repo_files(repo_id, revision=revision))
         except Exception as exc:  # the hub raises many types: missing repository, auth, network
-            raise HubError(f"cannot list the files of {repo_id}: {exc}") from None
+            if not any(n.endswith(".gguf") for n in cached):
+                raise HubError(f"cannot list the files of {repo_id}: {exc}") from None
+            names = cached  # a hub that cannot be reached does not keep a cached model from serving
     ggufs = [n for n in names if n.endswith(".gguf")]
     chosen = [n for n in ggufs if file_or_quant is None or _matches(n, file_or_quant)]
     if len(chosen) == 1:
@@ -98,6 +143,11 @@ def verify(path: Path) -> None:
     blob = path.resolve()
     if not SHA256.fullmatch(blob.name):
         return
+    stat = blob.stat()
+    marker = cache_dir() / "verified" / blob.name  # a blob checked once is not read again while it stays the same
+    stamp = f"{stat.st_size} {stat.st_mtime_ns}"
+    if marker.is_file() and marker.read_text() == stamp:
+        return
     digest = hashlib.sha256()
     with open(blob, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -107,6 +157,8 @@ def verify(path: Path) -> None:
         blob.unlink(missing_ok=True)
         raise HubError(f"{path.name}: its SHA-256 is {digest.hexdigest()}, the hub's is {blob.name}; "
                        "the download was corrupted and is removed: pull it again")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(stamp)
 
 
 def _reporting(progress: Callable[[int, Optional[int]], None]) -> type:

@@ -124,3 +124,21 @@ def test_a_model_named_by_repository_and_quantization_serves_offline(hub, tmp_pa
                                                      "max_tokens": 3})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
         assert requests.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny"
+
+
+@pytest.mark.parametrize("revision", ["../../../../tmp/owned", "/etc/passwd", "main/../../x", "a//b", ".hidden"])
+def test_a_revision_that_is_no_git_name_never_reaches_the_cache(hub, tmp_path, revision):
+    """huggingface-hub writes refs/<revision>: a revision of "../" segments wrote outside the cache."""
+    with run_server(tmp_path, hub.env) as server:
+        refused = server.post("/admin/pull", {"repo_id": REPO, "file": "Q8_0", "revision": revision})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "revision"
+        escaped = server.post("/admin/pull", {"repo_id": REPO, "file": "../../x.gguf"})
+        assert escaped.status_code == 400 and escaped.json()["error"]["param"] == "file"
+    result = cli(hub, "pull", REPO, "Q8_0", "--revision", revision)
+    assert result.returncode != 0 and "not a branch, tag or commit name" in result.stderr
+    assert not any(p.name == "owned" for p in (tmp_path / "hf").rglob("*")) and not Path("/tmp/owned").exists()
+
+
+def test_a_git_name_revision_is_taken(hub):
+    result = cli(hub, "pull", REPO, "Q8_0", "--revision", "main")
+    assert result.returncode == 0, result.stderr

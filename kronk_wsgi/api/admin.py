@@ -9,6 +9,7 @@ import time
 from typing import Iterator, Optional
 
 import gevent
+import pydantic
 from flask import Blueprint, jsonify
 
 from .. import hub
@@ -19,6 +20,7 @@ from .schemas import Strict
 from .sse import sse
 from .state import state
 from .protocol import Protocol
+from ..serving import offload
 
 bp = Blueprint("admin", __name__)
 PROTOCOL = Protocol("admin", bp, prefixes=("/admin/",))
@@ -72,6 +74,24 @@ class PullRequest(Strict):
     file: Optional[str] = None  # a file name or a quantization; may be left out if the repository has one GGUF file
     revision: Optional[str] = None
 
+    @pydantic.field_validator("revision")
+    @classmethod
+    def _revision(cls, revision: Optional[str]) -> Optional[str]:
+        try:
+            hub.check_revision(revision)
+        except hub.HubError as exc:
+            raise ValueError(str(exc)) from None
+        return revision
+
+    @pydantic.field_validator("file")
+    @classmethod
+    def _file(cls, file: Optional[str]) -> Optional[str]:
+        try:
+            hub.check_filename(file)
+        except hub.HubError as exc:
+            raise ValueError(str(exc)) from None
+        return file
+
 
 @bp.post("/admin/pull")
 def pull():
@@ -85,7 +105,7 @@ def pull():
     body = parse_body(PullRequest)
     threads = gevent.get_hub().threadpool
     try:
-        filename = threads.apply(hub.resolve, (body.repo_id, body.file, body.revision))
+        filename = offload.call(threads, hub.resolve, body.repo_id, body.file, body.revision)
     except hub.HubError as exc:
         raise ApiError(400, str(exc), code="pull_failed", param="file") from None
     channel = ThreadChannel()

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from .errors import ApiError, invalid
 from .state import state
+from ..serving import offload
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -88,18 +89,44 @@ def _loads(body: bytes) -> Any:
 
 
 def _check_values(data: Any, limit: int) -> None:
-    """413 if the body holds more than ``limit`` JSON values: validation time grows with their number."""
-    pending, seen = [data], 0
+    """413 if the body holds more than ``limit`` JSON values (validation time grows with their number); 400 naming
+    the field if a string holds a lone surrogate ("\\ud800"), which JSON allows and text cannot hold."""
+    pending: list[tuple[Any, Optional[tuple]]] = [(data, None)]  # each value with its place: (parent's, key)
+    seen = 0
     while pending:
-        value = pending.pop()
+        value, place = pending.pop()
         seen += 1
         if seen > limit:
             raise ApiError(413, f"the body holds more than {limit} JSON values (max_body_values)",
                            code="request_too_large")
         if isinstance(value, dict):
-            pending.extend(value.values())
+            for key, item in value.items():
+                _check_text(key, place)
+                pending.append((item, (place, key)))
         elif isinstance(value, list):
-            pending.extend(value)
+            pending.extend((item, (place, index)) for index, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_text(value, place)
+
+
+def _check_text(text: str, place: Optional[tuple]) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        param = _place_name(place)
+        raise invalid(f"{param or 'the body'}: a string holds a lone surrogate, which is not text",
+                      param=param) from None
+
+
+def _place_name(place: Optional[tuple]) -> Optional[str]:
+    """A value's place in the body as OpenAI's param string: messages[0].content."""
+    parts = []
+    while place is not None:
+        place, key = place
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "".join(reversed(parts)).lstrip(".") or None
 
 
 def _decode(schema: Type[M], body: bytes, max_values: int) -> M:
@@ -130,4 +157,4 @@ def parse_body(schema: Type[M]) -> M:
         raise invalid("the body must be JSON, sent with Content-Type: application/json")
     body = _read_body()
     kronk = state()
-    return kronk.body_thread.apply(_decode, (schema, body, kronk.settings.max_body_values))
+    return offload.call(kronk.body_thread, _decode, schema, body, kronk.settings.max_body_values)

@@ -8,6 +8,7 @@ are relative to the blueprint's url_prefix.
 import hmac
 import socket
 import time
+import urllib.parse
 import uuid
 
 import structlog
@@ -15,12 +16,30 @@ from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, default_exceptions
 
 from .errors import ApiError
+from .response_store import owner_of
 from .state import RequestRecord, api_path, state
 
 log = structlog.get_logger("kronk_wsgi.http")
 
 OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics")
 CONSOLE_PATH = "/console"  # static pages: the console asks for a key itself
+
+
+def _check_origin() -> None:
+    """403 for a browser's cross-site request: an Origin that is neither this server's nor an allowed CORS origin.
+
+    A browser always sends Origin on a cross-site POST (a page elsewhere unloading a model through /admin of
+    a server without keys); curl and the SDKs send none. The scheme is not compared: behind a TLS proxy the
+    server sees plain HTTP.
+    """
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return
+    allowed = state().settings.cors_origins
+    if "*" in allowed or origin in allowed or urllib.parse.urlsplit(origin).netloc == request.host:
+        return
+    raise ApiError(403, f"requests from the web origin {origin[:200]!r} are not allowed (cors_origins)",
+                   code="origin_not_allowed")
 
 
 def _check_auth() -> None:
@@ -46,6 +65,7 @@ def _check_auth() -> None:
         matched |= hmac.compare_digest(given.encode(), key.encode())
     if not matched:
         raise ApiError(401, f"invalid or missing {what}", code="invalid_api_key")
+    g.kronk_record.owner = owner_of(given)
 
 
 def _start() -> None:
@@ -56,6 +76,7 @@ def _start() -> None:
     structlog.contextvars.bind_contextvars(request_id=request_id)
     log.info("request started", method=request.method, path=request.path)
     request.max_content_length = state().settings.max_body_bytes
+    _check_origin()
     _check_auth()
 
 
@@ -76,6 +97,14 @@ def _finish(response: Response) -> Response:
         if sock is not None:
             response.call_on_close(lambda: _hang_up(sock))
     return response
+
+
+def _close_session(_exc) -> None:
+    """A session that no response took over (the view failed after starting it) gives back its place and slot."""
+    rec = g.get("kronk_record")
+    if rec is not None and rec.session is not None:
+        rec.session.close()
+        rec.session = None
 
 
 def _hang_up(sock: socket.socket) -> None:
@@ -143,6 +172,7 @@ def install(bp: Blueprint) -> None:
     """Wire the onion into kronk_wsgi's blueprint: its requests, its errors, its unknown /v1 paths."""
     bp.before_request(_start)
     bp.after_request(_finish)
+    bp.teardown_request(_close_session)
     bp.register_error_handler(ApiError, _api_error)
     # By status code too: Flask prefers an app's handler for a code (a host's 404 page) to a
     # blueprint's handler for a class, but a blueprint's handler for a code to the app's.

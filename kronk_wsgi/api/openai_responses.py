@@ -5,7 +5,9 @@ import time
 import uuid
 from typing import Annotated, Any, Callable, Iterator, Literal, Optional, Union
 
+import gevent
 import pydantic
+import structlog
 from flask import Blueprint, jsonify
 from pydantic import Discriminator, Field, Tag
 
@@ -20,14 +22,19 @@ from .sessions import start_generation
 from .openai_chat import logprob_content
 from .response import Encoder, respond
 from .schemas import (
-    FunctionName, SchemaName, ServiceTier, Strict, json_object, template_role, template_tool, template_tool_call,
+    FunctionName, Metadata, SchemaName, ServiceTier, Strict, User, json_object, template_role, template_tool, template_tool_call,
 )
 from .sse import sse
 from .state import record, state
 from .protocol import Protocol
+from ..serving import offload
 
 bp = Blueprint("openai_responses", __name__)
 PROTOCOL = Protocol("openai_responses", bp, prefixes=("/v1/responses",))
+
+log = structlog.get_logger("kronk_wsgi.responses")
+
+STORE_WAIT_SECONDS = 2.0  # how long a finished response waits for its write before the client hears it is done
 
 
 class InputText(Strict):
@@ -157,11 +164,11 @@ class ResponsesRequest(Strict):
     parallel_tool_calls: Optional[bool] = None
     store: Optional[bool] = None
     previous_response_id: Optional[str] = None
-    metadata: Optional[dict[str, str]] = None
+    metadata: Optional[Metadata] = None
     service_tier: Optional[ServiceTier] = None
     text: Optional[TextConfig] = None
     truncation: Optional[Literal["disabled"]] = None
-    user: Optional[str] = None
+    user: Optional[User] = None
     include: Optional[list[Literal["message.output_text.logprobs"]]] = None
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
 
@@ -248,13 +255,40 @@ def _not_kept(response_id: str, param: Optional[str] = None) -> ApiError:
     return ApiError(404, f"no stored response has the id {response_id[:100]!r}", code="response_not_found", param=param)
 
 
-def _stored(response_id: str, param: Optional[str] = None) -> tuple[dict, list[dict]]:
-    """A stored response and its conversation; 404 if it is not (or no longer) kept."""
-    kronk = state()
-    found = kronk.body_thread.apply(kronk.responses.get, (response_id,))
+def _stored(read: Callable[[str, str], Any], response_id: str, param: Optional[str] = None) -> Any:
+    """What ``read`` (the store's get or conversation) finds of a response of this request's key, in the store
+    thread; 404 if it is not (or no longer) kept."""
+    found = offload.call(state().store_thread, read, response_id, record().owner)
     if found is None:
         raise _not_kept(response_id, param)
     return found
+
+
+def _keeper(response_id: str, previous: Optional[str], messages: list[dict]) -> Callable[[dict], None]:
+    """What stores a finished response (``messages`` its input): it waits up to STORE_WAIT_SECONDS for the write.
+
+    A failed write is an ApiError (500 ``store_failed``), in time for the client to hear of it; a write
+    that takes longer goes on in the store thread, before any later read of this worker.
+    """
+    kronk, owner = state(), record().owner
+
+    def write(final: dict) -> None:
+        try:
+            kronk.responses.put(final, owner, previous, messages + [_assistant_message(final["output"])])
+        except Exception as exc:  # sqlite3's and the file system's errors
+            log.error("response not stored", response_id=response_id, error=f"{type(exc).__name__}: {exc}")
+            raise
+
+    def keep(final: dict) -> None:
+        try:
+            with gevent.Timeout(STORE_WAIT_SECONDS):
+                offload.call(kronk.store_thread, write, final)
+        except gevent.Timeout:
+            log.warning("response store slow: the write goes on", response_id=response_id)
+        except Exception as exc:
+            raise ApiError(500, f"the response could not be stored: {exc}", code="store_failed") from None
+
+    return keep
 
 
 def _assistant_message(output: list[dict]) -> dict:
@@ -272,8 +306,8 @@ def _assistant_message(output: list[dict]) -> dict:
 def responses():
     """Generate a model response; with store (the default), keep it for previous_response_id and GET."""
     body = parse_body(ResponsesRequest)
-    kronk = state()
-    previous = [] if body.previous_response_id is None else _stored(body.previous_response_id, "previous_response_id")[1]
+    previous = ([] if body.previous_response_id is None
+                else _stored(state().responses.conversation, body.previous_response_id, "previous_response_id"))
     conversation = previous + body.input_messages()
     session = start_generation(body.generation_request(conversation))
     choice = body.tool_choice
@@ -293,23 +327,21 @@ def responses():
         "usage": None, "user": body.user, "metadata": body.metadata or {},
     }
 
-    def keep(final: dict) -> None:
-        kronk.body_thread.apply(kronk.responses.put, (final, conversation + [_assistant_message(final["output"])]))
-
-    return respond(session, ResponsesEncoder(base, keep if store else None), body.stream)
+    keep = _keeper(response_id, body.previous_response_id, body.input_messages()) if store else None
+    return respond(session, ResponsesEncoder(base, keep), body.stream)
 
 
 @bp.get("/v1/responses/<response_id>")
 def get_response(response_id: str):
     """A stored response."""
-    return jsonify(_stored(response_id)[0])
+    return jsonify(_stored(state().responses.get, response_id))
 
 
 @bp.delete("/v1/responses/<response_id>")
 def delete_response(response_id: str):
     """Forget a stored response."""
     kronk = state()
-    if not kronk.body_thread.apply(kronk.responses.delete, (response_id,)):
+    if not offload.call(kronk.store_thread, kronk.responses.delete, response_id, record().owner):
         raise _not_kept(response_id)
     return jsonify({"id": response_id, "object": "response", "deleted": True})
 
@@ -433,7 +465,12 @@ class ResponsesEncoder(Encoder):
     def finished(self, event: Finished) -> Iterator[str]:
         final = _final(self.base, self.output, self.end, event)
         if self.keep:
-            self.keep(final)  # before the client hears it is done: it may continue the conversation at once
+            try:
+                self.keep(final)  # before the client hears it is done: it may continue the conversation at once
+            except ApiError as exc:
+                error = {"code": exc.code, "message": exc.message}
+                yield self._event("response.failed", response={**final, "status": "failed", "error": error})
+                return
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         yield self._event(kind, response=final)
 

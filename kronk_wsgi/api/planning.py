@@ -21,9 +21,16 @@ from ..serving.pool import LoadedModel
 from ..serving.reasoning import opens_thinking, reasoning_of
 from ..serving.tool_calls import ToolCallRules, call_grammar, forced_opening, syntax_of
 from .errors import invalid
+from ..serving import offload
 
 JSON_OBJECT = {"type": "object"}
 MAX_CHOICES = 16  # choices (prompts times n) in one request
+# What one schema may hold: checking and compiling grow with its size, and a regular expression's
+# compilation can grow faster than its length.
+MAX_SCHEMA_NODES = 10_000
+MAX_SCHEMA_DEPTH = 64
+MAX_PATTERN_LENGTH = 1_000
+LARGEST_INTEGER = 2**63 - 1
 
 Prompt = Union[str, list[int]]  # text, or token ids taken as they are
 
@@ -172,7 +179,7 @@ def render_chat(
         raise invalid(f"the chat template of model {model.id!r} does not support tools", param="tools")
     try:
         # In the model's preparation thread: a long conversation or template loop must not stall the event loop.
-        return model.prep.apply(model.template.render, (messages, list(tools) if tools else None, thinking))
+        return offload.call(model.prep, model.template.render, messages, list(tools) if tools else None, thinking)
     except ChatTemplateError as exc:
         raise invalid(str(exc), param="messages") from None
 
@@ -198,7 +205,7 @@ def _grammar(model: LoadedModel, text: Optional[str], request: GenerationRequest
     if text is None:
         return None
     try:
-        return model.prep.apply(Grammar, (model.engine.tokenizer, model.end_ids, text))
+        return offload.call(model.prep, Grammar, model.engine.tokenizer, model.end_ids, text)
     except GrammarError as exc:
         param = request.reply_format.param if request.reply_format is not None else "tools"
         raise invalid(f"the schema cannot be enforced: {exc}", param=param) from None
@@ -239,12 +246,65 @@ def _prompt_tokens(model: LoadedModel, prompt: Union[Prompt, RenderedPrompt], af
 
 
 def _check_schema(schema: dict, param: str, what: str = "the schema") -> None:
-    """400 unless ``schema`` is a JSON Schema."""
+    """400 unless ``schema`` is a JSON Schema within this server's limits, with no $ref that only leads to itself."""
+    _check_bounds(schema, param, what)
+    _check_ref_cycles(schema, param, what)
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
         raise invalid(f"{what} is not a valid JSON Schema: {exc.message}", param=param) from None
+
+
+def _check_bounds(schema: dict, param: str, what: str) -> None:
+    """400 if the schema is too large or too deep, has a long pattern, or an integer no grammar can hold."""
+    pending, nodes = [(schema, 1)], 0
+    while pending:
+        value, depth = pending.pop()
+        nodes += 1
+        if nodes > MAX_SCHEMA_NODES or depth > MAX_SCHEMA_DEPTH:
+            limit = f"{MAX_SCHEMA_NODES} values" if nodes > MAX_SCHEMA_NODES else f"{MAX_SCHEMA_DEPTH} levels"
+            raise invalid(f"{what} is larger than this server takes ({limit})", param=param)
+        if isinstance(value, dict):
+            pattern = value.get("pattern")
+            if isinstance(pattern, str) and len(pattern) > MAX_PATTERN_LENGTH:
+                raise invalid(f"{what} has a pattern longer than {MAX_PATTERN_LENGTH} characters", param=param)
+            pending.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            pending.extend((v, depth + 1) for v in value)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST_INTEGER:
+            raise invalid(f"{what} has an integer beyond 2^63, which no grammar here can hold", param=param)
+
+
+def _check_ref_cycles(schema: dict, param: str, what: str) -> None:
+    """400 if a local $ref leads, through $refs alone, back to itself: no value could ever match it."""
+
+    def target(pointer: str) -> object:
+        node: object = schema
+        for part in filter(None, pointer[1:].split("/")):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    pending: list[object] = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            seen, ref = set(), node.get("$ref")
+            while isinstance(ref, str) and ref.startswith("#"):
+                if ref in seen:
+                    raise invalid(f"{what} has a $ref cycle through {ref!r}: no value could match it", param=param)
+                seen.add(ref)
+                following = target(ref)
+                ref = following.get("$ref") if isinstance(following, dict) else None
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
 
 
 def _known_ids(model: LoadedModel, ids: list[int], param: str) -> list[int]:

@@ -12,7 +12,7 @@ the body, and the session is closed however the stream ends.
 import abc
 from typing import Iterator
 
-from flask import Response, jsonify
+from flask import Response
 
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall,
@@ -21,6 +21,9 @@ from ..serving.events import (
 from ..serving.session import Session
 from .errors import ApiError
 from .protocol import Protocol
+from .sse import compact_json
+from .state import record, state
+from ..serving import offload
 
 # The status of an answer that is not streamed, by how its generation failed.
 FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
@@ -91,12 +94,15 @@ class Encoder(abc.ABC):
 
 def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
     """The response to a generation: a stream in the protocol's framing, or the whole answer once it is done."""
+    record().session = None  # this response closes it
     if stream:
         response = encoder.protocol.stream(_closing(session, encoder))
         response.call_on_close(session.close)
         return response
     output, finished = run_to_end(session)
-    return jsonify(encoder.whole(output, finished))
+    answer = encoder.whole(output, finished)
+    # Off the event loop: n choices of long answers with their log probabilities make tens of megabytes of JSON.
+    return Response(offload.call(state().body_thread, compact_json, answer), mimetype="application/json")
 
 
 def _closing(session: Session, encoder: Encoder) -> Iterator[str]:

@@ -1,61 +1,113 @@
 """Stored Responses: the response objects clients may fetch again, and the conversations they continue.
 
 Kept in one SQLite file, shared by the worker processes of a server (SQLite
-locks the file for them). Every call here does blocking I/O: the API runs it in
-the app's worker thread, never on the event loop. At most ``keep`` responses
-are kept; the oldest go first.
+locks the file for them), readable by its owner only. Every call here does
+blocking I/O: the API runs it in the app's store thread, never on the event
+loop, one call at a time, so a read sees every write made before it. Each
+response is its owner's (a digest of the API key that made it): another key
+sees none of it. A response stores only the messages it adds to its
+conversation and the id of the one it continues. At most ``keep`` responses,
+and ``max_bytes`` of them, are kept; the oldest go first.
 """
 
+import hashlib
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
 from typing import Optional
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
+CREATE TABLE IF NOT EXISTS stored_responses (
     id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,       -- owner_of() the API key that made it; "" on a server without keys
     created REAL NOT NULL,
-    response TEXT NOT NULL,      -- the response object, as GET returns it
-    conversation TEXT NOT NULL   -- the chat messages it ended, as previous_response_id continues them
-)
+    previous TEXT,             -- the response it continues, whose conversation comes before its messages
+    response TEXT NOT NULL,    -- the response object, as GET returns it
+    messages TEXT NOT NULL,    -- the chat messages it adds to the conversation (its input and its answer)
+    size INTEGER NOT NULL      -- bytes of response and messages
+);
+CREATE INDEX IF NOT EXISTS stored_responses_created ON stored_responses (created);
 """
+
+# A conversation is the chain of its responses, newest first: the one asked for, and each it continues.
+_CHAIN = """
+WITH RECURSIVE chain(id, previous, messages, depth) AS (
+    SELECT id, previous, messages, 0 FROM stored_responses WHERE id = ? AND owner = ?
+    UNION ALL
+    SELECT r.id, r.previous, r.messages, chain.depth + 1
+    FROM stored_responses r JOIN chain ON r.id = chain.previous AND r.owner = ?
+)
+SELECT previous, messages FROM chain ORDER BY depth DESC
+"""
+
+
+def owner_of(api_key: str) -> str:
+    """Who a key's responses belong to: a digest of it, never the key itself; "" without a key."""
+    return hashlib.sha256(b"kronk-wsgi responses:" + api_key.encode()).hexdigest()[:32] if api_key else ""
 
 
 class ResponseStore:
     """Responses by id, in a SQLite file."""
 
-    def __init__(self, path: Path, keep: int) -> None:
+    def __init__(self, path: Path, keep: int, max_bytes: int) -> None:
         self.path = path
         self.keep = keep
+        self.max_bytes = max_bytes
         self._db: Optional[sqlite3.Connection] = None
 
     def _connection(self) -> sqlite3.Connection:
-        # Made in, and used only from, the app's one worker thread.
+        # Made in, and used only from, the app's one store thread.
         if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+            if not self.path.parent.exists():
+                self.path.parent.mkdir(mode=0o700, parents=True)
+            # Created 0600 before SQLite opens it: its -wal and -shm files take the same mode.
+            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+            self._db = sqlite3.connect(self.path, timeout=10, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(_SCHEMA)
+            self._db.executescript(_SCHEMA)
+            if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses'").fetchone():
+                with self._db:  # a store written before responses had owners: each keeps its whole conversation
+                    self._db.execute("INSERT OR IGNORE INTO stored_responses SELECT id, '', created, NULL, response, "
+                                     "conversation, length(response) + length(conversation) FROM responses")
+                    self._db.execute("DROP TABLE responses")
         return self._db
 
-    def put(self, response: dict, conversation: list[dict]) -> None:
-        """Keep a finished response; forget the oldest beyond ``keep``."""
+    def put(self, response: dict, owner: str, previous: Optional[str], messages: list[dict]) -> None:
+        """Keep a finished response and the messages it adds; forget the oldest beyond the limits."""
+        body, added = json.dumps(response), json.dumps(messages)
         db = self._connection()
         with db:
-            db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
-                       (response["id"], time.time(), json.dumps(response), json.dumps(conversation)))
-            db.execute("DELETE FROM responses WHERE id NOT IN "
-                       "(SELECT id FROM responses ORDER BY created DESC LIMIT ?)", (self.keep,))
+            db.execute("INSERT OR REPLACE INTO stored_responses VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (response["id"], owner, time.time(), previous, body, added, len(body) + len(added)))
+            db.execute("DELETE FROM stored_responses WHERE created <= "
+                       "(SELECT created FROM stored_responses ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,))
+            total = db.execute("SELECT COALESCE(SUM(size), 0) FROM stored_responses").fetchone()[0]
+            while total > self.max_bytes:
+                oldest = db.execute("SELECT id, size FROM stored_responses ORDER BY created LIMIT 64").fetchall()
+                for response_id, size in oldest:
+                    if total <= self.max_bytes:
+                        break
+                    db.execute("DELETE FROM stored_responses WHERE id = ?", (response_id,))
+                    total -= size
 
-    def get(self, response_id: str) -> Optional[tuple[dict, list[dict]]]:
-        """The response object and its conversation, or None."""
-        row = self._connection().execute(
-            "SELECT response, conversation FROM responses WHERE id = ?", (response_id,)).fetchone()
-        return None if row is None else (json.loads(row[0]), json.loads(row[1]))
+    def get(self, response_id: str, owner: str) -> Optional[dict]:
+        """The owner's response object; None if there is none."""
+        row = self._connection().execute("SELECT response FROM stored_responses WHERE id = ? AND owner = ?",
+                                         (response_id, owner)).fetchone()
+        return None if row is None else json.loads(row[0])
 
-    def delete(self, response_id: str) -> bool:
-        """Forget a response; whether there was one."""
+    def conversation(self, response_id: str, owner: str) -> Optional[list[dict]]:
+        """The chat messages of the owner's response and of every one it continues; None if one of them is gone."""
+        chain = self._connection().execute(_CHAIN, (response_id, owner, owner)).fetchall()
+        if not chain or chain[0][0] is not None:  # nothing, or the oldest one kept continues one that is not
+            return None
+        return [message for _, messages in chain for message in json.loads(messages)]
+
+    def delete(self, response_id: str, owner: str) -> bool:
+        """Forget the owner's response; whether there was one."""
         db = self._connection()
         with db:
-            return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+            return db.execute("DELETE FROM stored_responses WHERE id = ? AND owner = ?",
+                              (response_id, owner)).rowcount > 0

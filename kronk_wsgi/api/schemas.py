@@ -22,6 +22,11 @@ class TextPart(Strict):
 
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
+# OpenAI's limits: 16 pairs, keys of at most 64 characters, values of at most 512.
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]
+User = Annotated[str, Field(max_length=512)]
+
 
 def json_object(text: str, what: str) -> dict[str, Any]:
     """A JSON object given as text (tool-call arguments); ValueError otherwise."""
@@ -137,7 +142,7 @@ class SamplingFields(Strict):
     seed: Optional[int] = None
     stop: Union[str, Annotated[list[str], Field(max_length=4)], None] = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
-    user: Optional[str] = None
+    user: Optional[User] = None
 
     def sampling(self) -> SamplingParams:
         """The sampling fields; a logit bias's token ids are checked against the model's vocabulary when planned."""
@@ -214,7 +219,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None
     # Accepted as OpenAI's clients send them; none changes the answer.
     store: Optional[bool] = None
-    metadata: Optional[dict[str, str]] = None
+    metadata: Optional[Metadata] = None
     service_tier: Optional[ServiceTier] = None
     modalities: Optional[list[Literal["text"]]] = None
     prediction: Optional[Prediction] = None

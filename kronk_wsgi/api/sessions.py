@@ -19,6 +19,7 @@ from .client import client_watch
 from .errors import ApiError, invalid, model_not_found
 from .planning import GenerationRequest, Prompt, check, plan, plan_embedding
 from .state import record, state
+from ..serving import offload
 
 
 @contextlib.contextmanager
@@ -49,7 +50,7 @@ def use_model(model_id: str) -> Iterator[LoadedModel]:
 
 def start_generation(request: GenerationRequest) -> Session:
     """Check, admit and plan one generation; return its not yet started session."""
-    check(request)
+    offload.call(state().body_thread, check, request)  # schemas may take time to check: off the event loop
     return _start(request.model, lambda model: plan(model, request))
 
 
@@ -95,4 +96,5 @@ def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:
         keepalive=settings.keepalive_interval, client_gone=gone, metrics=kronk.metrics,
     )
     rec.stats = session.stats
+    rec.session = session  # closed when the request ends, unless a response takes it over
     return session

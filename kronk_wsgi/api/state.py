@@ -10,7 +10,7 @@ from gevent.threadpool import ThreadPool
 from ..config import Settings
 from ..metrics import Metrics
 from ..serving.pool import ModelPool
-from ..serving.session import GenerationStats
+from ..serving.session import GenerationStats, Session
 from .response_store import ResponseStore
 
 if TYPE_CHECKING:
@@ -24,8 +24,9 @@ class KronkState:
     settings: Settings
     pool: ModelPool
     metrics: Metrics
-    body_thread: ThreadPool  # work before the commit (parsing, validation, stored responses), off the event loop
+    body_thread: ThreadPool  # work before the commit (parsing, validation), off the event loop
     responses: ResponseStore
+    store_thread: ThreadPool  # every call to the Responses store, one at a time
     protocols: "Protocols"
     url_prefix: str = ""  # where the API is mounted
 
@@ -39,9 +40,11 @@ class RequestRecord:
     started: float = dataclasses.field(default_factory=time.monotonic)
     model: Optional[str] = None
     response_id: Optional[str] = None  # the id of the completion, message or response made
+    owner: str = ""  # whose stored responses the request may see (response_store.owner_of its API key)
     status: int = 0
     outcome: str = ""  # set by views that know better than the status
     stats: Optional[GenerationStats] = None
+    session: Optional[Session] = None  # a session started for the request that no response has taken over yet
 
 
 def state() -> KronkState:

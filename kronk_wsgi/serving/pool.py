@@ -10,6 +10,7 @@ model), and, least recently used first, when another model needs room under
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 import gevent
@@ -25,6 +26,7 @@ from ..engine.base import Engine, EngineError, Slot, shared_prefix
 from ..engine.chat_template import ChatTemplate
 from ..metrics import Metrics
 from .drain import Drain, ShuttingDown
+from . import offload
 
 log = structlog.get_logger("kronk_wsgi.pool")
 
@@ -80,6 +82,15 @@ class Lease:
             self._model.unclaim()
 
 
+def _stamp(path: Optional[Path]) -> Optional[tuple[int, int]]:
+    """A file's size and modification time; None if it is gone."""
+    try:
+        stat = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return None if stat is None else (stat.st_size, stat.st_mtime_ns)
+
+
 class LoadedModel:
     """A model with PARALLEL slots, a worker thread per slot, and admission places.
 
@@ -91,8 +102,10 @@ class LoadedModel:
     """
 
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
-                 memory: int = 0) -> None:
+                 memory: int = 0, path: Optional[Path] = None) -> None:
         self.id = model_id
+        self.path = path  # its file, whose size and modification time must stay what they were at the load
+        self._stamp = _stamp(path)
         self.engine = engine
         self.template = template
         self.memory = memory  # bytes, estimated: the file and the slots' KV caches
@@ -107,6 +120,11 @@ class LoadedModel:
         self._free_slots = list(slots)  # the slot given back longest ago first
         self._slot_freed = gevent.lock.Semaphore(len(slots))
         self._places = gevent.lock.BoundedSemaphore(places)
+
+    def file_changed(self) -> bool:
+        """Whether the model's file was replaced or rewritten since the load: its memory map may read garbage or
+        kill the process (SIGBUS) once the file shrinks."""
+        return self.path is not None and _stamp(self.path) != self._stamp
 
     @property
     def free_slot_count(self) -> int:
@@ -162,10 +180,10 @@ class LoadedModel:
         """Token ids of ``text``: a whole prompt (BOS and EOS as the model asks) unless not ``add_special``."""
         tokenizer = self.engine.tokenizer
         encode = tokenizer.prompt if add_special else tokenizer.encode
-        return self.prep.apply(encode, (text, parse_special, inert))
+        return offload.call(self.prep, encode, text, parse_special, inert)
 
     def detokenize(self, tokens: list[int]) -> bytes:
-        return self.prep.apply(self.engine.tokenizer.decode, (tokens,))
+        return offload.call(self.prep, self.engine.tokenizer.decode, tokens)
 
     def admit(self, timeout: float, client_gone: Callable[[], bool], drain: Drain) -> Lease:
         """Wait up to ``timeout`` seconds for a place; Overloaded, ClientGone or ShuttingDown otherwise."""
@@ -198,6 +216,7 @@ class ModelPool:
         self._loaded: dict[str, LoadedModel] = {}
         self._loading: dict[str, gevent.event.AsyncResult] = {}
         self._waiting: dict[str, int] = {}  # requests waiting for a model's load, beside the one loading it
+        self._loading_memory: dict[str, int] = {}  # what each model being loaded will take, once room is made
         self.load_errors: dict[str, str] = {}
         self.loaded_once: set[str] = set()
         self._sweeper: Optional[gevent.Greenlet] = None
@@ -228,6 +247,13 @@ class ModelPool:
         if model_id not in self.settings.models:
             raise UnknownModel(model_id)
         model = self._loaded.get(model_id)
+        if model is not None and model.file_changed():
+            if model.in_use:
+                raise ModelUnavailable(f"the file of model {model_id!r} changed on disk; it is loaded again once "
+                                       "the requests using it end (replace model files, never rewrite them in place)")
+            log.warning("model file changed on disk", model=model_id, path=str(model.path))
+            self.unload(model_id, "file_changed")
+            model = None
         if model is not None:
             model.claim()
             return model
@@ -240,25 +266,30 @@ class ModelPool:
         self._waiting[model_id] = 0
         started = time.monotonic()
         try:
-            memory = gevent.get_hub().threadpool.apply(self._footprint, (spec,))
+            memory = offload.call(gevent.get_hub().threadpool, self._footprint, spec)
             self._make_room(model_id, memory)
-            engine, template, slots = gevent.get_hub().threadpool.apply(self._load, (model_id, spec))
+            self._loading_memory[model_id] = memory
+            engine, template, slots, path = offload.call(gevent.get_hub().threadpool, self._load, model_id, spec)
         except (NoRoom, NeverFits) as exc:
             pending.set_exception(exc)
             raise
-        except (EngineError, ValueError) as exc:
-            self.load_errors[model_id] = str(exc)
-            log.error("model load failed", model=model_id, error=str(exc))
+        except Exception as exc:  # EngineError, a bad template, or anything else (an OSError writing a copy)
+            reason = str(exc) if isinstance(exc, (EngineError, ValueError)) else f"{type(exc).__name__}: {exc}"
+            self.load_errors[model_id] = reason
+            log.error("model load failed", model=model_id, error=reason)
             self.metrics.model_events.labels(model_id, "load_failed").inc()
-            failure = ModelUnavailable(f"model {model_id!r} could not be loaded: {exc}")
+            failure = ModelUnavailable(f"model {model_id!r} could not be loaded: {reason}")
             pending.set_exception(failure)
             raise failure from None
         finally:
+            if not pending.ready():  # every waiter hears how the load ended, whatever ended it
+                pending.set_exception(ModelUnavailable(f"model {model_id!r} could not be loaded"))
             del self._loading[model_id]
+            self._loading_memory.pop(model_id, None)
             waiting = self._waiting.pop(model_id)
         # gevent objects belong to the hub's thread: build the model here, not in _load.
         model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
-                            memory)
+                            memory, path)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)
@@ -304,7 +335,7 @@ class ModelPool:
 
         def over() -> bool:
             count = len(self._loaded) + len(self._loading)  # the loading ones include this model
-            used = sum(m.memory for m in self._loaded.values()) + memory
+            used = sum(m.memory for m in self._loaded.values()) + sum(self._loading_memory.values()) + memory
             return ((self.settings.max_loaded_models is not None and count > self.settings.max_loaded_models)
                     or (budget is not None and used > budget * 1e6))
 
@@ -327,8 +358,8 @@ class ModelPool:
                 if model.id != self.settings.default_model and not model.in_use and now - model.last_used > ttl:
                     self.unload(model.id, "idle")
 
-    def _load(self, model_id: str, spec: ModelSpec) -> tuple[Engine, ChatTemplate, list[Slot]]:
-        """Runs in a worker thread: the engine, its chat template and its slots."""
+    def _load(self, model_id: str, spec: ModelSpec) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
+        """Runs in a worker thread: the engine, its chat template, its slots and its file."""
         engine = load_engine(model_id, spec)
         tokenizer = engine.tokenizer
         template = ChatTemplate.for_model(
@@ -337,4 +368,5 @@ class ModelPool:
         )
         batched = engine.kind.batched
         self.settings.check_cores(batched)
-        return engine, template, engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))
+        slots = engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))
+        return engine, template, slots, local_file(spec)

@@ -1,0 +1,197 @@
+"""A hostile client, round two: input that made 500s or stalled the worker, failures that never ended, budgets
+that did not hold, and cross-site requests. Each test failed on the code before its fix."""
+
+import json
+import math
+import os
+import threading
+import time
+
+import gevent
+import pytest
+import requests
+
+from kronk_wsgi import catalog
+from kronk_wsgi.config import ModelSpec, Settings
+from kronk_wsgi.describe import footprint
+from kronk_wsgi.metrics import Metrics
+from kronk_wsgi.serving import pool as pool_module
+from kronk_wsgi.serving.pool import ModelPool, ModelUnavailable, NoRoom
+
+
+HI = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+
+
+def json_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    ({"messages": HI, "metadata": {"\udc00": "x"}}, "metadata"),
+    ({"messages": HI, "stream": True, "stop": ["\ud83d"]}, "stop[0]"),
+    ({"messages": HI, "logit_bias": {"²": 1}}, "logit_bias"),
+    ({"messages": HI, "logit_bias": {"٣": 1}}, "logit_bias"),
+    ({"messages": HI, "response_format": json_format(nested(100))}, "response_format"),
+    ({"messages": HI, "response_format": json_format({"type": "integer", "maximum": 2**64})}, "response_format"),
+    ({"messages": HI, "response_format": json_format({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}})},
+     "response_format"),
+    ({"messages": HI, "response_format": json_format({"type": "string", "pattern": "(a|ab)" * 400})},
+     "response_format"),
+], ids=["lone surrogate", "surrogate key", "surrogate in a stream", "superscript digit", "arabic digit",
+        "100 deep", "2^64", "$ref cycle", "long pattern"])
+def test_input_that_made_500s_is_a_400_naming_the_field(server, body, param):
+    reply = requests.post(server.url + CHAT, timeout=60, json={"model": "tiny", "max_tokens": 2, **body},
+                          headers={"Accept": "text/event-stream"})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+    assert "Traceback" not in server.logs()
+
+
+def test_a_recursive_schema_with_a_base_case_is_taken(server):
+    tree = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 0}},
+            "required": ["name", "children"], "additionalProperties": False}
+    reply = server.post(CHAT, {"model": "tiny", "messages": HI, "max_tokens": 30, "response_format": json_format(tree)})
+    assert reply.status_code == 200
+
+
+def test_a_schema_of_many_patterns_is_checked_off_the_event_loop(server):
+    """Compiling patterns with shared alternation prefixes grows fast: done on the event loop it stalled every
+    request of the worker. The liveness probe keeps answering while a request carries them."""
+    def pattern(i: int) -> str:  # 20 alternatives sharing a 40-character prefix, each pattern its own
+        return "|".join(f"{'a' * 40}{i:04d}{j:03d}" for j in range(20))
+
+    # ~3 s of checking on this machine (1,000 of these patterns take 1.2 s)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": pattern(i)} for i in range(2500)}}
+    body = {"model": "unknown-model", "messages": HI, "response_format": json_format(schema)}
+    latencies: list[float] = []
+    done = []
+
+    def probe() -> None:
+        while not done:
+            started = time.monotonic()
+            requests.get(server.url + "/v1/liveness", timeout=60)
+            latencies.append(time.monotonic() - started)
+            time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        reply = requests.post(server.url + CHAT, json=body, timeout=120)
+    finally:
+        done.append(True)
+        prober.join()
+    assert reply.status_code in (400, 404)
+    assert max(latencies) < 1.0, max(latencies)
+
+
+def test_a_cross_site_request_is_refused_and_same_origin_and_curl_are_not(server):
+    evil = requests.post(server.url + "/admin/models/tiny/unload", data="{}", timeout=30,
+                         headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
+    assert evil.status_code == 403 and evil.json()["error"]["code"] == "origin_not_allowed"
+    chat = {"model": "tiny", "messages": HI, "max_tokens": 1}
+    own = requests.post(server.url + CHAT, json=chat, headers={"Origin": server.url}, timeout=30)
+    assert own.status_code == 200
+    assert requests.post(server.url + CHAT, json=chat, timeout=30).status_code == 200
+    curl_form = requests.post(server.url + CHAT, data=json.dumps(chat), timeout=30,
+                              headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert curl_form.status_code == 400 and "JSON" in curl_form.json()["error"]["message"]
+
+
+@pytest.fixture
+def in_process_pool(tiny_model):
+    def make(**settings) -> ModelPool:
+        models = {"a": ModelSpec(path=str(tiny_model), context_length=8192),
+                  "b": ModelSpec(path=str(tiny_model), context_length=8192)}
+        return ModelPool(Settings(models=models, default_model="a", threads=1, **settings), Metrics())
+    return make
+
+
+def test_a_load_that_fails_unexpectedly_reaches_every_waiter(in_process_pool, monkeypatch):
+    def failing(model_id, spec):
+        time.sleep(0.3)  # in the loading thread: the other requests arrive and wait
+        raise OSError("disk full while writing the prepared copy")
+
+    monkeypatch.setattr(pool_module, "load_engine", failing)
+    pool = in_process_pool()
+    outcomes: list[str] = []
+
+    def ask() -> None:
+        try:
+            pool.get("a")
+            outcomes.append("loaded")
+        except ModelUnavailable as exc:
+            outcomes.append(str(exc))
+
+    waiters = [gevent.spawn(ask) for _ in range(4)]
+    gevent.joinall(waiters, timeout=30)
+    assert len(outcomes) == 4 and all("disk full" in o or "could not be loaded" in o for o in outcomes), outcomes
+    assert "OSError: disk full" in pool.load_errors["a"]
+
+
+def test_two_first_loads_at_once_keep_the_memory_budget(in_process_pool, tiny_model):
+    each = footprint(tiny_model, 8192, 1)
+    budget = math.ceil(1.5 * each / 1e6)  # room for one, not two
+    pool = in_process_pool(max_memory_mb=budget)
+    results: dict[str, str] = {}
+
+    def load(model_id: str) -> None:
+        try:
+            pool.get(model_id)
+            results[model_id] = "loaded"
+        except NoRoom:
+            results[model_id] = "no room"
+
+    gevent.joinall([gevent.spawn(load, "a"), gevent.spawn(load, "b")], timeout=60)
+    assert sorted(results.values()) == ["loaded", "no room"], results
+    assert sum(m.memory for m in pool.loaded()) <= budget * 1e6
+
+
+def test_the_catalog_loads_through_the_registry(tiny_model):
+    engine = catalog.load_engine("a", ModelSpec(path=str(tiny_model), engine_options={"prefill_chunk": 8}))
+    assert engine.kind.name == "ctransformers" and engine.new_slots(1, 1)[0].prefill_chunk == 8
+    with pytest.raises(ValueError, match="gpu_layers"):
+        catalog.check_engine_options(ModelSpec(path=str(tiny_model), engine="ctransformers",
+                                               engine_options={"gpu_layers": 3}))
+    catalog.check_engine_options(ModelSpec(path=str(tiny_model), engine_options={"gpu_layers": 3}))  # llama.cpp's
+
+
+def test_a_view_that_fails_after_admission_gives_its_place_back(tiny_model, monkeypatch):
+    from kronk_wsgi import create_app
+    from kronk_wsgi.api import openai_chat
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the encoder could not be made")
+
+    monkeypatch.setattr(openai_chat.ChatEncoder, "__init__", broken)
+    app = create_app({"KRONK_MODELS": {"tiny": {"path": str(tiny_model)}}, "KRONK_QUEUE_DEPTH": 1,
+                      "KRONK_ADMISSION_TIMEOUT": 1})
+    client = app.test_client()
+    for _ in range(3):  # one place: a leaked lease would make the second a 429
+        reply = client.post(CHAT, json={"model": "tiny", "messages": HI, "max_tokens": 1})
+        assert reply.status_code == 500 and "Traceback" not in reply.get_data(as_text=True)
+    assert app.extensions["kronk"].pool.loaded_model("tiny").admitted == 0
+
+
+def test_a_model_file_changed_under_a_loaded_model_is_loaded_again(tiny_model, tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(tiny_model.read_bytes())
+    pool = ModelPool(Settings(models={"m": ModelSpec(path=str(path))}, threads=1), Metrics())
+    first = pool.get("m")
+    path.write_bytes(tiny_model.read_bytes())  # rewritten in place: a new modification time
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # however coarse the clock
+    with pytest.raises(ModelUnavailable, match="changed on disk"):
+        pool.get("m")  # the first claim still holds it: it cannot be reloaded under its user
+    first.unclaim()
+    second = pool.get("m")
+    assert second is not first and not second.file_changed()
+    second.unclaim()

@@ -1,10 +1,16 @@
 """The kronk-wsgi command."""
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+from typing import Optional
 
-from .config import ConfigError, config_key, read_config, settings_from_config
+from .config import DEMO_MODEL_ID, ConfigError, config_key, read_config, settings_from_config
+
+# How long a first start waits for the hub to answer at all before it looks in the cache alone.
+FIRST_PULL_TIMEOUT = 5.0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -16,16 +22,52 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None:
             os.environ[config_key(name)] = ",".join(value) if isinstance(value, list) else str(value)
     try:
-        settings = settings_from_config(read_config())
+        raw = read_config()
+        settings = settings_from_config(raw)
     except ConfigError as exc:
         print(f"kronk-wsgi: {exc}", file=sys.stderr)
         return 2
+    if args.demo:
+        os.environ[config_key("models")] = json.dumps({DEMO_MODEL_ID: {"demo": "tiny"}})
+    elif config_key("models") not in raw and settings.default_pull:
+        os.environ[config_key("models")] = json.dumps(_first_run_models(settings.default_pull))
+
     from .server import KronkApplication, graceful_timeout
 
     options = {"bind": settings.bind, "workers": settings.workers,
                "graceful_timeout": graceful_timeout(settings.drain_timeout)}
     KronkApplication(options).run()
     return 0
+
+
+def _first_run_models(name: str) -> dict:
+    """What `serve` serves with no model configured: the ``default_pull`` model, pulled with the hub's progress bar
+    on first start and found in its cache after that; the generated demo model if the hub cannot give it."""
+    repo_id, _, quant = name.partition(":")
+    model_id = repo_id.rpartition("/")[2].removesuffix("-GGUF").lower()
+    print(f"kronk-wsgi: no model is configured: serving {name} from the Hugging Face hub "
+          "(downloaded on the first start, from the cache after)", file=sys.stderr, flush=True)
+    path = _pull_in_child(repo_id, quant or None)
+    if path is not None:
+        return {model_id: {"path": path}}
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    print(f"kronk-wsgi: could not get {name} from {endpoint}, and it is not in the hub's cache.\n"
+          "  Serve a model file:      kronk-wsgi serve --model ID=/path/to/model.gguf\n"
+          "  Pull one first:          kronk-wsgi pull OWNER/REPO QUANT   (HF_ENDPOINT for a mirror)\n"
+          "  Serve the demo model:    kronk-wsgi serve --demo   (generated here, random text)\n"
+          f"kronk-wsgi: serving the generated demo model {DEMO_MODEL_ID!r} now.", file=sys.stderr, flush=True)
+    return {DEMO_MODEL_ID: {"demo": "tiny"}}
+
+
+def _pull_in_child(repo_id: str, quant: Optional[str]) -> Optional[str]:
+    """The model file's path from `kronk-wsgi pull` in a child process (its progress bar on this terminal); None if
+    it failed. A child, because the hub's client imports ssl, which must not be in gunicorn's master before the
+    gevent workers patch it."""
+    command = [sys.executable, "-m", "kronk_wsgi.cli", "pull", repo_id, *([quant] if quant else []),
+               "--connect-timeout", str(FIRST_PULL_TIMEOUT)]
+    pulled = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    lines = pulled.stdout.strip().splitlines()
+    return lines[-1] if pulled.returncode == 0 and lines else None
 
 
 def _make_model(args: argparse.Namespace) -> int:
@@ -55,6 +97,12 @@ def _inspect(args: argparse.Namespace) -> int:
 def _pull(args: argparse.Namespace) -> int:
     from . import hub
 
+    if args.connect_timeout is not None and not hub.offline():
+        why = hub.unreachable(args.connect_timeout)
+        if why is not None:
+            print(f"kronk-wsgi: {os.environ.get('HF_ENDPOINT', 'https://huggingface.co')} does not answer ({why}); "
+                  "looking in the hub's cache", file=sys.stderr, flush=True)
+            hub.go_offline()
     try:
         print(hub.pull(args.repo, args.file_or_quant, args.revision))
     except hub.HubError as exc:
@@ -125,6 +173,7 @@ def main(argv=None) -> int:
     serve.add_argument("--parallel", type=int, help="slots per model (default 1)")
     serve.add_argument("--config", help="a TOML configuration file")
     serve.add_argument("--model", action="append", metavar="ID=PATH", help="serve a model file (repeatable)")
+    serve.add_argument("--demo", action="store_true", help="serve the generated demo model (random text), offline")
     serve.set_defaults(run=_serve)
     inspect = commands.add_parser("inspect", help="what a GGUF model file holds, and whether the engine runs it")
     inspect.add_argument("path")
@@ -135,6 +184,8 @@ def main(argv=None) -> int:
     pull.add_argument("file_or_quant", nargs="?", help="a file name, or a quantization such as Q4_K_M "
                                                       "(may be left out if the repository has one GGUF file)")
     pull.add_argument("--revision", help="a branch, tag or commit (default: main)")
+    pull.add_argument("--connect-timeout", type=float, metavar="SECONDS",
+                      help="if the hub does not answer within SECONDS, use its cache alone")
     pull.set_defaults(run=_pull)
     listing = commands.add_parser("models", help="the configured models and the GGUF files in the hub's cache")
     listing.add_argument("--config", help="a TOML configuration file")

@@ -1,5 +1,6 @@
 """Running under gunicorn with the gevent worker: hooks and the embedded application."""
 
+import json
 import os
 import shutil
 import sys
@@ -43,7 +44,8 @@ def child_exit(server, worker) -> None:
 
 
 def post_worker_init(worker) -> None:
-    """Begin the app's drain the moment gunicorn tells the worker to stop (SIGTERM, or a reload)."""
+    """Begin the app's drain the moment gunicorn tells the worker to stop (SIGTERM, or a reload); the first
+    worker says what is served once its default model is loaded."""
     import gevent
 
     kronk = worker.wsgi.extensions["kronk"]
@@ -55,6 +57,37 @@ def post_worker_init(worker) -> None:
         kronk.pool.drain.begin(kronk.settings.drain_timeout)
 
     gevent.spawn(watch)
+    if worker.age == 1:
+        gevent.spawn(_announce, worker, kronk)
+
+
+def _announce(worker, kronk) -> None:
+    """Print, in plain words, what is served and where, and one command to try it."""
+    import gevent
+
+    from .catalog import local_file
+
+    settings, pool = kronk.settings, kronk.pool
+    model_id = settings.default_model
+    while worker.alive and pool.loaded_model(model_id) is None and model_id not in pool.load_errors:
+        gevent.sleep(0.2)
+    model = pool.loaded_model(model_id)
+    if model is None:
+        return  # the load failed: the log and readiness say why
+    host, _, port = str(worker.cfg.bind[0]).rpartition(":")
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    engine = model.engine
+    others = sorted(set(settings.models) - {model_id})
+    example = json.dumps({"model": model_id, "stream": True, "messages": [{"role": "user", "content": "Hello!"}]})
+    lines = [
+        f"kronk-wsgi: serving {model_id} at {url}/v1 (OpenAI), {url}/v1/messages (Anthropic)",
+        f"  file     {local_file(settings.models[model_id])}",
+        f"  engine   {engine.kind.name}, context {engine.context_length} tokens, {settings.parallel} slot(s), "
+        f"{settings.workers} worker(s)",
+        *([f"  also     {', '.join(others)} (each loaded on first use)"] if others else []),
+        f"  try      curl -N {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{example}'",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def on_starting(server) -> None:

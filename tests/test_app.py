@@ -93,8 +93,8 @@ def test_a_ctransformers_model_with_more_slot_threads_than_cores_fails_to_load(t
 
 
 def test_default_demo_model_without_configuration(tmp_path):
-    """`kronk-wsgi serve` with nothing configured serves the embedded demo model."""
-    with run_server(tmp_path, {}) as server:
+    """`kronk-wsgi serve` with no model and no default_pull configured serves the generated demo model."""
+    with run_server(tmp_path, {"KRONK_DEFAULT_PULL": ""}) as server:
         models = requests.get(server.url + "/v1/models", timeout=10).json()["data"]
         assert [m["id"] for m in models] == ["kronk-demo"]
         reply = server.post("/v1/chat/completions", {"model": "kronk-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})

@@ -15,6 +15,7 @@ from .api.errors import ApiError
 from .api.protocols import PROTOCOLS
 from .api.state import KronkState
 from .api.response_store import ResponseStore
+from .api.sealing import Sealer
 from .config import FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
 from .logs import configure_logging
 from .metrics import Metrics
@@ -52,8 +53,9 @@ class Kronk:
         prefix = url_prefix.rstrip("/")
         store = ResponseStore(Path(settings.responses_db or cache_dir() / "responses.sqlite3"), settings.responses_keep,
                               settings.responses_max_mb * 1_000_000)
-        app.extensions["kronk"] = KronkState(settings, pool, metrics, body_thread, store, ThreadPool(1), PROTOCOLS,
-                                             prefix)
+        sealer = Sealer(cache_dir() / "reasoning.key")
+        app.extensions["kronk"] = KronkState(settings, pool, metrics, body_thread, store, ThreadPool(1), sealer,
+                                             PROTOCOLS, prefix)
         api = Blueprint("kronk", __name__)
         for protocol in PROTOCOLS.all:
             api.register_blueprint(protocol.blueprint)

@@ -7,6 +7,7 @@ from typing import Optional
 import gguf
 
 from .engine.base import DEFAULT_CONTEXT_LENGTH
+from .engine.chat_template import BUILTIN_TEMPLATES, ChatTemplate, template_for_vocabulary
 from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
 from .engine.registry import ENGINES
 from .engine.tokenizer import GGUFTokenizer
@@ -54,11 +55,13 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
         ("context length", f"{model.context_length or '-'} trained; {context} served"),
         ("shape", f"layers {layers}, width {width}, heads {heads} ({kv_heads} for keys and values)"),
     ]
+    control: dict[str, int] = {}
     try:
         tokenizer = GGUFTokenizer(model)
     except BadModelFile as exc:
         rows.append(("vocabulary", f"cannot be read: {exc}"))
     else:
+        control = tokenizer.control
         pre = f", pre-tokenizer {tokenizer.pre}" if tokenizer.pre else ""
         rows.append(("vocabulary", f"{tokenizer.kind}{pre}: {tokenizer.vocab_size} tokens, "
                                    f"{len(tokenizer.control)} control"))
@@ -69,7 +72,11 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
     template = model.chat_template
     lines = template.strip().splitlines() if template else []
     shown = "\n".join(lines[:6]) + (f"\n... ({len(lines)} lines)" if len(lines) > 6 else "")
-    rows.append(("chat template", shown or "none in the file (the built-in chatml is used)"))
+    chosen = template_for_vocabulary(control)
+    rows.append(("chat template", shown or f"none in the file: the built-in {chosen}, as the vocabulary's turn "
+                                           "markers say"))
+    rendering = ChatTemplate(template or BUILTIN_TEMPLATES[chosen], control_tokens=control).tool_rendering
+    rows.append(("tools", f"rendered by {rendering}"))
     if width and heads and layers:
         kv_cache = kv_cache_bytes(model, context)
         rows.append(("memory", f"{size / 1e6:.0f} MB of weights (memory-mapped, shared by all slots) "

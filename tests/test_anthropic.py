@@ -111,8 +111,8 @@ def test_client_errors(client):
         client.messages.create(model="nope", max_tokens=5, messages=HELLO)
     assert caught.value.body == {"type": "error", "error": {"type": "not_found_error", "message": "the model 'nope' does not exist"}}
     assert caught.value.response.headers["request-id"]
-    with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(model="tiny", max_tokens=5000, messages=HELLO)
+    with pytest.raises(anthropic.BadRequestError):  # a prompt that cannot fit (a max_tokens that cannot is clamped)
+        client.messages.create(model="tiny", max_tokens=5, messages=[{"role": "user", "content": "word " * 3000}])
 
 
 def body(**fields):
@@ -124,7 +124,7 @@ BAD = [
     (MESSAGES, {"model": "tiny", "messages": HELLO}, 400, "invalid_request_error", "max_tokens"),
     (MESSAGES, body(max_tokens=0), 400, "invalid_request_error", "max_tokens"),
     (MESSAGES, body(messages=[]), 400, "invalid_request_error", "messages"),
-    (MESSAGES, body(messages=[{"role": "system", "content": "x"}]), 400, "invalid_request_error", "messages[0].role"),
+    (MESSAGES, body(messages=[{"role": "tool", "content": "x"}]), 400, "invalid_request_error", "messages[0].role"),
     (MESSAGES, body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), 400, "invalid_request_error", "messages[0].content"),
     (MESSAGES, body(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]), 400, "invalid_request_error", "assistant"),
     (MESSAGES, body(messages=[{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "a"}]}]), 400, "invalid_request_error", "user messages"),
@@ -133,11 +133,11 @@ BAD = [
     (MESSAGES, body(stop_sequences="x"), 400, "invalid_request_error", "stop_sequences"),
     (MESSAGES, body(tool_choice={"type": "auto"}), 400, "invalid_request_error", "tool_choice needs tools"),
     (MESSAGES, body(tools=[{"name": "f", "input_schema": {}}], tool_choice={"type": "tool", "name": "g"}), 400, "invalid_request_error", "'g'"),
-    (MESSAGES, body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), 400, "invalid_request_error", "tools[0]"),
+    (MESSAGES, body(tools=[{"type": "teleport", "name": "t"}]), 400, "invalid_request_error", "tools[0]"),
     (MESSAGES, body(tools=[{"name": "bad name!", "input_schema": {}}]), 400, "invalid_request_error", "tools[0].name"),
     (MESSAGES, body(thinking={"type": "enabled", "budget_tokens": 1024}), 400, "invalid_request_error", "thinking"),
     (MESSAGES, body(model="nope"), 404, "not_found_error", "nope"),
-    (MESSAGES, body(max_tokens=100_000), 400, "invalid_request_error", "context"),
+    (MESSAGES, body(messages=[{"role": "user", "content": "word " * 3000}]), 400, "invalid_request_error", "context"),
     (MESSAGES + "/count_tokens", {"model": "tiny"}, 400, "invalid_request_error", "messages"),
     (MESSAGES + "/count_tokens", body(), 400, "invalid_request_error", "max_tokens"),
     (MESSAGES + "/count_tokens", {"model": "nope", "messages": HELLO}, 404, "not_found_error", "nope"),

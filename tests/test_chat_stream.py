@@ -104,8 +104,8 @@ def test_openai_client_errors(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="nope", messages=HELLO)
     assert err.value.body["code"] == "model_not_found"
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=100000)
+    with pytest.raises(openai.BadRequestError):  # a prompt that cannot fit (a max_tokens that cannot is clamped)
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "word " * 3000}])
 
 
 def test_seeds(server):
@@ -132,11 +132,16 @@ def test_stop_sequence(server):
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_context_overflow_is_400(server):
-    response = server.post("/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 2048})
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == "context_length_exceeded" and error["param"] == "max_tokens"
+def test_max_tokens_past_the_context_is_clamped_and_a_prompt_that_does_not_fit_is_400(server):
+    """As llama-server and Ollama do: Claude Code asks for 32,000 tokens of a model whatever its context."""
+    prompt = server.post("/v1/tokenize", {"model": "tiny", "messages": HELLO}).json()["count"]
+    response = server.post("/v1/chat/completions", {"model": "tiny", "messages": HELLO, "max_tokens": 32_000,
+                                                    "logit_bias": {"2": -100}})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+    assert response.json()["usage"]["completion_tokens"] == 2048 - prompt  # to the end of the context
+    anthropic_reply = server.post("/v1/messages", {"model": "tiny", "messages": HELLO, "max_tokens": 32_000})
+    assert anthropic_reply.status_code == 200  # not a 400: its stop reason is in tests/test_encoders.py
     long = [{"role": "user", "content": "word " * 3000}]
     response = server.post("/v1/chat/completions", {"model": "tiny", "messages": long})
     assert response.status_code == 400

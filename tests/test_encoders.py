@@ -156,3 +156,22 @@ def test_reasoning_in_each_protocol():
     output = frames[-1]["response"]["output"]
     assert [item["type"] for item in output] == ["reasoning", "message"]
     assert output[0]["content"] == [{"type": "reasoning_text", "text": "Hmm, France."}]
+
+
+def test_the_end_of_the_context_window_is_anthropics_own_stop_reason():
+    encoder = MessagesEncoder("msg_1", "m", 7)
+    window = encoder.whole([TextDelta("a"), ChoiceEnd("length", window_full=True)], Finished(USAGE))
+    limit = encoder.whole([TextDelta("a"), ChoiceEnd("length")], Finished(USAGE))
+    assert window["stop_reason"] == "model_context_window_exceeded" and limit["stop_reason"] == "max_tokens"
+
+
+def test_a_call_cut_off_by_the_limit_is_a_partial_call_in_each_protocol():
+    cut = ToolCall("abc", "get_weather", '{"city": "Par', complete=False)
+    chat = ChatEncoder("m", "c", 0, include_usage=False).whole([cut, ChoiceEnd("length")], Finished(USAGE))
+    call = chat["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Par'}
+    assert chat["choices"][0]["finish_reason"] == "length"
+    message = MessagesEncoder("msg_1", "m", 7).whole([cut, ChoiceEnd("length")], Finished(USAGE))
+    assert message["content"][0]["input"] == {} and message["stop_reason"] == "max_tokens"
+    response = ResponsesEncoder({"id": "resp_1", "output": []}).whole([cut, ChoiceEnd("length")], Finished(USAGE))
+    assert response["output"][0]["status"] == "incomplete" and response["status"] == "incomplete"

@@ -59,20 +59,21 @@ def test_the_errors_name_the_bodys_own_fields(tiny):
     context = tiny.engine.context_length
     error = refused(lambda: plan(tiny, GenerationRequest("tiny", prompt_param="prompt", prompts=[[vocab]])))
     assert error.param == "prompt"
-    too_long = GenerationRequest("tiny", prompt_param="input", messages=ASK, max_tokens=context,
-                                 max_tokens_param="max_output_tokens")
+    too_long = GenerationRequest("tiny", prompt_param="input", messages=[{"role": "user", "content": "word " * context}])
     error = refused(lambda: plan(tiny, too_long))
-    assert error.param == "max_output_tokens" and error.code == "context_length_exceeded"
+    assert error.param == "input" and error.code == "context_length_exceeded"
+    clamped = plan(tiny, GenerationRequest("tiny", prompt_param="messages", messages=ASK, max_tokens=32_000))
+    assert clamped.decode.max_tokens == context - len(clamped.prompts[0])  # what fits, as llama-server does
     biased = GenerationRequest("tiny", prompt_param="messages", messages=ASK,
                                sampling=SamplingParams(logit_bias=((vocab, 5.0),)))
     assert refused(lambda: plan(tiny, biased)).param == "logit_bias"
 
 
 def test_a_forced_call_starts_the_reply_inside_it_with_its_arguments_constrained(tiny):
-    tools = ToolUse((TOOL,), choice="required", name="get_weather", one_call=True)
+    tools = ToolUse((TOOL,), choice="required", name="get_weather", max_calls=1)
     job = plan(tiny, GenerationRequest("tiny", prompt_param="messages", messages=ASK, tools=tools))
     assert job.reading.reply_start.startswith("<tool_call>") and "get_weather" in job.reading.reply_start
-    assert job.reading.tool_rules is not None and job.reading.one_tool_call
+    assert job.reading.tool_rules is not None and job.reading.max_tool_calls == 1
     assert job.decode.grammar is not None and job.decode.constrain_after == ""
     rendered = tiny.template.render(ASK, [TOOL], None)
     assert job.prompts[0] == tiny.tokenize(rendered.text + job.reading.reply_start, inert=rendered.inert)
@@ -96,10 +97,13 @@ def test_a_reply_format_constrains_the_reply(tiny):
     assert plan(tiny, request).decode.grammar is not None
 
 
-def test_a_template_without_tools_refuses_them(pool):
+def test_a_template_without_tools_gets_them_written_into_the_messages(pool):
     with pool.use("plain") as plain:
         request = GenerationRequest("plain", prompt_param="messages", messages=ASK, tools=ToolUse((TOOL,)))
-        assert refused(lambda: plan(plain, request)).param == "tools"
+        job = plan(plain, request)
+        text = plain.engine.tokenizer.decode(job.prompts[0]).decode()
+        assert "<tools>" in text and '"get_weather"' in text and text.startswith("system: ")
+        assert job.reading.tool_rules is not None and job.reading.tool_rules.syntax.open == "<tool_call>"
 
 
 @pytest.mark.parametrize("request_, param", [

@@ -160,3 +160,22 @@ def test_anthropic_budget_tokens_closes_the_thinking(thinker):
     counted = thinker.post("/v1/tokenize", {"model": "opens", "text": thinking["thinking"], "add_special": False})
     assert 1000 <= counted.json()["count"] <= 1050 and message["usage"]["output_tokens"] == 1400
     assert "</think>" not in thinking["thinking"] + text["text"]
+
+
+def test_encrypted_reasoning_goes_back_and_forth_and_a_forged_one_is_a_400(thinker):
+    """Codex keeps no state (store false) and sends each reasoning item back with its encrypted_content."""
+    thinker.say("Capital of France.\n</think>\n\nParis.")
+    client = openai.OpenAI(base_url=thinker.url + "/v1", api_key="unused", max_retries=0)
+    first = client.responses.create(model="opens", input="Capital of France?", store=False, max_output_tokens=100,
+                                    include=["reasoning.encrypted_content"], reasoning={"effort": "low"})
+    reasoning = next(item for item in first.output if item.type == "reasoning")
+    assert reasoning.encrypted_content and "Capital of France" not in reasoning.encrypted_content
+    thinker.say("Sure.\n</think>\n\nYes.")
+    again = [{"role": "user", "content": "Capital of France?"}, reasoning.model_dump(exclude_none=True),
+             {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "Sure?"}]
+    second = client.responses.create(model="opens", input=again, store=False, max_output_tokens=20)
+    assert second.output_text == "Yes."
+    forged = {**reasoning.model_dump(exclude_none=True), "encrypted_content": reasoning.encrypted_content[:-8] + "AAAAAAA="}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="opens", input=[again[0], forged, *again[2:]], store=False)
+    assert caught.value.body["param"] == "input[1].encrypted_content"

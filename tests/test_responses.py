@@ -95,13 +95,14 @@ BAD = [
     (body(input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]), 400, "input[0].arguments"),
     (body(previous_response_id="resp_1"), 404, "previous_response_id"),
     (body(tools=[{"type": "function", "name": "f", "parameters": {"type": 5}}]), 400, "tools"),
-    (body(tools=[{"type": "web_search"}]), 400, "tools[0].type"),
+    (body(tools=[{"type": "teleport"}]), 400, "tools[0].type"),
     (body(tool_choice="auto"), 400, None),
     (body(max_output_tokens=0), 400, "max_output_tokens"),
-    (body(max_output_tokens=100_000), 400, "max_output_tokens"),
+    (body(input="word " * 3000), 400, "input"),
     (body(temperature=5), 400, "temperature"),
     (body(text={"format": {"type": "json_schema", "name": "x"}}), 400, "text.format.schema"),
-    (body(reasoning={"effort": "high"}), 400, "reasoning"),
+    (body(reasoning={"effort": "enormous"}), 400, "reasoning.effort"),
+    (body(background=True), 400, "background"),
     (body(model="nope"), 404, "model"),
 ]
 

@@ -25,12 +25,12 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def scripted(tiny_model, tmp_path_factory):
-    """The scripted model "tiny", and "plain": the real model with a template that knows no tools."""
+    """The scripted model "tiny", and "plain": the same with a template that renders no tools."""
     tmp = tmp_path_factory.mktemp("scripted")
     script = tmp / "script.txt"
     script.write_text("")
     models = {"tiny": {"path": str(tiny_model), "engine": SCRIPTED},
-              "plain": {"path": str(tiny_model), "chat_template": "plain"}}
+              "plain": {"path": str(tiny_model), "engine": SCRIPTED, "chat_template": "plain"}}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "tiny", "KRONK_TEST_SCRIPT_FILE": str(script)}
     with run_server(tmp, env) as server:
         server.script = script
@@ -226,17 +226,31 @@ def test_tool_history_renders_the_same_prompt_in_every_protocol(say, oa, an):
     assert plain.usage.prompt_tokens + 60 < chat.usage.prompt_tokens  # the tools and the history are in the prompt
 
 
-def test_template_without_tools_refuses_them(oa, an):
-    with pytest.raises(openai.BadRequestError) as caught:
-        oa.chat.completions.create(model="plain", messages=ASK, tools=CHAT_TOOLS)
-    assert caught.value.body["param"] == "tools" and "does not support tools" in caught.value.body["message"]
-    with pytest.raises(anthropic.BadRequestError) as caught:
-        an.messages.create(model="plain", max_tokens=8, messages=ASK, tools=ANTHROPIC_TOOLS)
-    assert caught.value.body["error"]["type"] == "invalid_request_error"
+def test_a_template_that_renders_no_tools_gets_them_as_text_and_its_calls_are_read(say, oa, an):
+    """SmolLM2's own template, like many GGUF files', ignores tools: they are written into the messages."""
+    without = oa.chat.completions.create(model="plain", messages=ASK)
+    say(CALL)
+    chat = oa.chat.completions.create(model="plain", messages=ASK, tools=CHAT_TOOLS)
+    call = chat.choices[0].message.tool_calls[0]
+    assert chat.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert chat.usage.prompt_tokens > without.usage.prompt_tokens + 60  # the definitions are in the prompt
+    say(CALL)
+    message = an.messages.create(model="plain", max_tokens=200, messages=ASK, tools=ANTHROPIC_TOOLS)
+    assert message.stop_reason == "tool_use" and message.content[-1].input == {"city": "Paris"}
+    say("It is sunny.")
+    answer = oa.chat.completions.create(model="plain", tools=CHAT_TOOLS, messages=ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"},
+    ])
+    assert answer.choices[0].message.content == "It is sunny."
+    assert answer.usage.prompt_tokens > chat.usage.prompt_tokens  # the call and its result are in the prompt
 
 
-def test_real_engine_takes_tools_and_keeps_unfinished_calls_as_text(server):
-    """The real tiny model writes gibberish: a forced call it cannot finish stays plain text."""
+def test_real_engine_takes_tools_and_a_call_cut_off_is_a_partial_call(server):
+    """The real tiny model writes gibberish: a forced call cut off by max_tokens is a partial call, as OpenAI
+    returns it."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     common = {"model": "tiny", "messages": ASK, "max_tokens": 12, "logit_bias": {"2": -100}}
     without = client.chat.completions.create(**common)
@@ -245,5 +259,6 @@ def test_real_engine_takes_tools_and_keeps_unfinished_calls_as_text(server):
     assert auto.usage.prompt_tokens > without.usage.prompt_tokens + 60
     assert auto.choices[0].finish_reason == "length" and auto.choices[0].message.tool_calls is None
     choice = forced.choices[0]
-    assert choice.finish_reason == "length" and choice.message.tool_calls is None
-    assert choice.message.content.startswith("<tool_call>\n") and len(choice.message.content) > len("<tool_call>\n")
+    assert choice.finish_reason == "length" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")

@@ -59,7 +59,7 @@ def test_completions_raw_stream_ends_with_done(server):
     ({"model": "tiny", "prompt": []}, "prompt"),
     ({"model": "tiny", "prompt": "x", "best_of": 2}, "best_of"),
     ({"model": "tiny", "prompt": "x", "logprobs": 6}, "logprobs"),
-    ({"model": "tiny", "prompt": "x", "max_tokens": 5000}, "max_tokens"),
+    ({"model": "tiny", "prompt": "word " * 3000}, "prompt"),
     ({"model": "tiny"}, "prompt"),
 ])
 def test_completions_bad_input(server, payload, param):

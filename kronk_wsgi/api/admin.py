@@ -42,6 +42,7 @@ def _model_row(model_id: str) -> dict:
             "slots": kronk.settings.parallel, "busy_slots": kronk.settings.parallel - free,
             "queued": max(0, admitted - (kronk.settings.parallel - free)), "places": loaded.places,
             "idle_seconds": None if loaded.in_use else round(time.monotonic() - loaded.last_used, 1),
+            "tools": loaded.template.tool_rendering,
         })
     return row
 

@@ -1,5 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API."""
 
+import base64
 import hashlib
 import json
 import uuid
@@ -7,12 +8,12 @@ from typing import Annotated, Any, Iterator, Literal, Optional, Union
 
 from flask import Blueprint, Response, jsonify
 import pydantic
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
 from .protocol import Framing, Protocol
-from .planning import GenerationRequest, ToolUse, render_chat
+from .planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
 from .sessions import start_generation, use_model
 from .response import Encoder, respond
 from .body import parse_body
@@ -102,13 +103,64 @@ class RedactedThinkingBlock(Strict):
     data: str
 
 
+class PlainTextSource(Strict):
+    type: Literal["text"]
+    media_type: Literal["text/plain"] = "text/plain"
+    data: str
+
+
+class Base64Source(Strict):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+    @pydantic.field_validator("media_type")
+    @classmethod
+    def _text_only(cls, media_type: str) -> str:
+        if not media_type.startswith("text/"):
+            raise ValueError(f"{media_type} documents cannot be read here: this server's models take text only")
+        return media_type
+
+
+class ContentSource(Strict):
+    type: Literal["content"]
+    content: Union[str, list[TextBlock]]
+
+
+class DocumentBlock(Strict):
+    """A document the model reads as text: plain text, base64 text, or text blocks (PDF and images are refused)."""
+
+    type: Literal["document"]
+    source: Annotated[Union[PlainTextSource, Base64Source, ContentSource], Field(discriminator="type")]
+    title: Optional[str] = None
+    context: Optional[str] = None
+    citations: Optional[dict[str, Any]] = None  # accepted; answers here carry no citations
+    cache_control: Optional[CacheControl] = None
+
+    def text(self) -> str:
+        source = self.source
+        if isinstance(source, Base64Source):
+            try:
+                body = base64.b64decode(source.data, validate=True).decode("utf-8")
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError("source.data is not base64 of UTF-8 text") from None
+        elif isinstance(source, ContentSource):
+            body = source.content if isinstance(source.content, str) else "".join(b.text for b in source.content)
+        else:
+            body = source.data
+        head = "".join(f"{line}\n" for line in (self.title and f"Document: {self.title}", self.context) if line)
+        return f"{head}{body}\n"
+
+
 Block = Annotated[
-    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock], Field(discriminator="type"),
+    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock, DocumentBlock],
+    Field(discriminator="type"),
 ]
 
 
 class Message(Strict):
-    role: Literal["user", "assistant"]
+    # "system" inside messages, as Claude Code sends it: rendered where it stands
+    role: Literal["user", "assistant", "system"]
     content: Union[str, list[Block]]
 
     def for_template(self) -> list[dict]:
@@ -121,6 +173,8 @@ class Message(Strict):
         for block in self.content:
             if isinstance(block, TextBlock):
                 text.append(block.text)
+            elif isinstance(block, DocumentBlock):
+                text.append(block.text())
             elif isinstance(block, ToolUseBlock):
                 calls.append(template_tool_call(block.id, block.name, block.input))
             elif isinstance(block, ToolResultBlock):
@@ -144,6 +198,8 @@ class Message(Strict):
                 raise ValueError("tool_result blocks belong in user messages")
             if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)) and self.role != "assistant":
                 raise ValueError("thinking blocks belong in assistant messages")
+            if isinstance(block, DocumentBlock):
+                block.text()  # a document that cannot be read is a 400 naming it
         return self
 
 
@@ -154,6 +210,28 @@ class Tool(Strict):
     strict: bool = False
     type: Optional[Literal["custom"]] = None
     cache_control: Optional[CacheControl] = None
+    # Loaded on demand through a tool search: this server has none, so the tool is offered like the others.
+    defer_loading: Optional[bool] = None
+    input_examples: Optional[list[dict[str, Any]]] = None  # accepted; not shown to the model
+    allowed_callers: Optional[list[str]] = None  # accepted: the model is the only caller here
+
+
+class ServerTool(pydantic.BaseModel):
+    """A tool Anthropic runs or defines (web search, code execution, ...): accepted, and not offered to the model,
+    which could not use it here; the response names it (``Kronk-Tools-Not-Offered``)."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+    type: Annotated[str, Field(pattern=r"^[a-z_]+_[0-9]{8}$")]
+    name: str
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "custom" if kind in (None, "custom") else "server"
+
+
+AnyTool = Annotated[Union[Annotated[Tool, Tag("custom")], Annotated[ServerTool, Tag("server")]],
+                    Discriminator(_tool_kind)]
 
 
 class ToolChoiceAuto(Strict):
@@ -183,27 +261,69 @@ class Metadata(Strict):
     user_id: Optional[str] = None
 
 
+# How thinking blocks come back: "omitted" leaves their text empty (the signature stays); the others give it whole
+# (this server has no summaries).
+ThinkingDisplay = Literal["summarized", "omitted", "updates"]
+
+
 class ThinkingEnabled(Strict):
     type: Literal["enabled"]
     budget_tokens: Annotated[int, Field(ge=1024)]
+    display: Optional[ThinkingDisplay] = None
 
 
 class ThinkingDisabled(Strict):
     type: Literal["disabled"]
 
 
-Thinking = Annotated[Union[ThinkingEnabled, ThinkingDisabled], Field(discriminator="type")]
+class ThinkingAdaptive(Strict):
+    """Thinking on, as much as the model decides: no budget."""
+
+    type: Literal["adaptive"]
+    display: Optional[ThinkingDisplay] = None
+
+
+Thinking = Annotated[Union[ThinkingEnabled, ThinkingDisabled, ThinkingAdaptive], Field(discriminator="type")]
+
+
+class JsonOutputFormat(Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Strict):
+    """``format`` constrains the reply to JSON valid against its schema; ``effort`` is accepted (a local model
+    spends what max_tokens allows)."""
+
+    effort: Optional[Literal["low", "medium", "high", "max"]] = None
+    format: Optional[JsonOutputFormat] = None
+
+
+class ContextEdit(Strict):
+    """A context-management edit, applied to the prompt: see ``MessagesRequest.template_messages``."""
+
+    type: Literal["clear_tool_uses_20250919", "clear_thinking_20251015"]
+    trigger: Optional[dict[str, Any]] = None
+    keep: Union[dict[str, Any], Literal["all"], None] = None
+    clear_at_least: Optional[dict[str, Any]] = None
+    exclude_tools: Optional[list[str]] = None
+    clear_tool_inputs: Optional[bool] = None
+
+
+class ContextManagement(Strict):
+    edits: list[ContextEdit] = []
 
 
 class CountTokensRequest(Strict):
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
     system: Union[str, list[TextBlock], None] = None
-    tools: Optional[list[Tool]] = None
+    tools: Optional[list[AnyTool]] = None
     tool_choice: Optional[ToolChoice] = None
     # Switches thinking on or off where the model's chat template can (``enable_thinking``);
     # budget_tokens closes the thinking where the template opens it in the prompt.
     thinking: Optional[Thinking] = None
+    context_management: Optional[ContextManagement] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CountTokensRequest":
@@ -212,32 +332,75 @@ class CountTokensRequest(Strict):
         return self
 
     def template_messages(self) -> list[dict]:
+        """The conversation as chat templates take it, with the context-management edits applied.
+
+        Earlier turns' thinking never enters the prompt, so ``clear_thinking`` changes nothing more;
+        ``clear_tool_uses`` replaces the oldest tool results (all but ``keep``, 3 by default) once the
+        conversation passes its ``trigger`` (100,000 input tokens by default, estimated at 4 characters a token).
+        """
         messages = []
         if self.system is not None:
             system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system)
             messages.append({"role": "system", "content": system})
         for message in self.messages:
             messages.extend(message.for_template())
+        for edit in self.context_management.edits if self.context_management else ():
+            if edit.type.startswith("clear_tool_uses"):
+                _clear_tool_uses(messages, edit)
         return messages
 
+    def offered_tools(self) -> list[Tool]:
+        return [t for t in self.tools or () if isinstance(t, Tool)]
+
+    def not_offered(self) -> tuple[str, ...]:
+        """The tools this server cannot run, by name."""
+        return tuple(t.name for t in self.tools or () if isinstance(t, ServerTool))
+
     def template_tools(self) -> Optional[list[dict]]:
-        if not self.tools:
-            return None
-        return [template_tool(t.name, t.description, t.input_schema) for t in self.tools]
+        offered = self.offered_tools()
+        return [template_tool(t.name, t.description, t.input_schema) for t in offered] if offered else None
 
     def thinking_switch(self) -> Optional[bool]:
-        return None if self.thinking is None else isinstance(self.thinking, ThinkingEnabled)
+        return None if self.thinking is None else not isinstance(self.thinking, ThinkingDisabled)
 
     def tool_use(self) -> Optional[ToolUse]:
-        if not self.tools:
+        offered = self.offered_tools()
+        if not offered:
             return None
         choice = self.tool_choice
         return ToolUse(
-            tuple(self.template_tools()), strict=frozenset(t.name for t in self.tools if t.strict),
+            tuple(self.template_tools()), strict=frozenset(t.name for t in offered if t.strict),
             choice={None: "auto", "auto": "auto", "none": "none"}.get(choice and choice.type, "required"),
             name=choice.name if isinstance(choice, ToolChoiceTool) else None,
-            one_call=getattr(choice, "disable_parallel_tool_use", False),
+            max_calls=1 if getattr(choice, "disable_parallel_tool_use", False) else None,
         )
+
+
+CLEARED = "[tool result cleared to save context]"
+
+
+def _clear_tool_uses(messages: list[dict], edit: ContextEdit) -> None:
+    """Anthropic's clear_tool_uses edit, in place: the oldest tool results beyond ``keep`` are cleared."""
+    trigger = edit.trigger or {}
+    threshold = trigger.get("value", 100_000)
+    if trigger.get("type", "input_tokens") == "input_tokens":
+        size = sum(len(m["content"]) + len(json.dumps(m.get("tool_calls", []))) for m in messages) // 4
+    else:  # "tool_uses"
+        size = sum(len(m.get("tool_calls", [])) for m in messages)
+    if size < threshold:
+        return
+    keep = edit.keep.get("value", 3) if isinstance(edit.keep, dict) else 3
+    names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls", [])}
+    excluded = set(edit.exclude_tools or ())
+    results = [m for m in messages if m["role"] == "tool" and names.get(m["tool_call_id"]) not in excluded]
+    for message in results[:max(0, len(results) - keep)]:
+        message["content"] = CLEARED
+    if edit.clear_tool_inputs:
+        cleared = {m["tool_call_id"] for m in results[:max(0, len(results) - keep)]}
+        for message in messages:
+            for call in message.get("tool_calls", []):
+                if call["id"] in cleared:
+                    call["function"]["arguments"] = {}
 
 
 class MessagesRequest(CountTokensRequest):
@@ -249,6 +412,7 @@ class MessagesRequest(CountTokensRequest):
     metadata: Optional[Metadata] = None
     cache_control: Optional[CacheControl] = None
     service_tier: Optional[Literal["auto", "standard_only"]] = None  # one tier here: both are met
+    output_config: Optional[OutputConfig] = None
     stream: bool = False
 
     @pydantic.model_validator(mode="after")
@@ -258,13 +422,18 @@ class MessagesRequest(CountTokensRequest):
         return self
 
     def generation_request(self) -> GenerationRequest:
-        """What the body asks for, as the planner takes it."""
+        """What the body asks for, as the planner takes it. A final assistant message is continued (a prefill)."""
+        messages = self.template_messages()
+        output_format = self.output_config.format if self.output_config else None
         return GenerationRequest(
-            self.model, prompt_param="messages", messages=self.template_messages(), tools=self.tool_use(),
+            self.model, prompt_param="messages", messages=messages, tools=self.tool_use(),
+            continue_final=messages[-1]["role"] == "assistant",
+            reply_format=ReplyFormat(output_format.schema_, strict=True, param="output_config.format")
+            if output_format else None,
             thinking=self.thinking_switch(),
             thinking_budget=self.thinking.budget_tokens if isinstance(self.thinking, ThinkingEnabled) else None,
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0),
-            stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens,
+            stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens, not_offered=self.not_offered(),
         )
 
 
@@ -283,11 +452,21 @@ def _usage(usage: Usage) -> dict:
 def _stop_reason(event: ChoiceEnd) -> str:
     if event.stop_sequence is not None:
         return "stop_sequence"
+    if event.reason == "length" and event.window_full:
+        return "model_context_window_exceeded"
     return {"length": "max_tokens", "tool_calls": "tool_use"}.get(event.reason, "end_turn")
 
 
 def _tool_use(call: ToolCall, input_: Any) -> dict:
     return {"type": "tool_use", "id": "toolu_" + call.id, "name": call.name, "input": input_}
+
+
+def _tool_input(call: ToolCall) -> dict:
+    """A call's input as an object; a call cut off by max_tokens has none yet that parses: {}."""
+    try:
+        return json.loads(call.arguments)
+    except ValueError:
+        return {}
 
 
 @bp.post("/v1/messages")
@@ -296,7 +475,8 @@ def messages():
     body = parse_body(MessagesRequest)
     session = start_generation(body.generation_request())
     message_id = record().response_id = "msg_" + uuid.uuid4().hex
-    return respond(session, MessagesEncoder(message_id, body.model, session.job.prompt_tokens), body.stream)
+    shown = getattr(body.thinking, "display", None) != "omitted"
+    return respond(session, MessagesEncoder(message_id, body.model, session.job.prompt_tokens, shown), body.stream)
 
 
 @bp.post("/v1/messages/count_tokens")
@@ -321,8 +501,9 @@ class MessagesEncoder(Encoder):
 
     protocol = PROTOCOL
 
-    def __init__(self, message_id: str, model: str, input_tokens: int) -> None:
+    def __init__(self, message_id: str, model: str, input_tokens: int, show_thinking: bool = True) -> None:
         super().__init__()
+        self.show_thinking = show_thinking  # False: thinking blocks come with their text omitted
         self.head = {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(Usage(input_tokens, 0)),
@@ -359,7 +540,8 @@ class MessagesEncoder(Encoder):
 
     def reasoning(self, event: ReasoningDelta) -> Iterator[str]:
         self.thinking.append(event.text)
-        yield from self._delta("thinking", {"type": "thinking_delta", "thinking": event.text})
+        shown = event.text if self.show_thinking else ""
+        yield from self._delta("thinking", {"type": "thinking_delta", "thinking": shown})
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         yield from self._close_block()
@@ -388,7 +570,7 @@ class MessagesEncoder(Encoder):
         content: list[dict] = []
         for event in output:
             if isinstance(event, ToolCall):
-                content.append(_tool_use(event, json.loads(event.arguments)))
+                content.append(_tool_use(event, _tool_input(event)))
             elif isinstance(event, TextDelta):
                 content.append({"type": "text", "text": event.text})
             elif isinstance(event, ReasoningDelta):
@@ -399,6 +581,8 @@ class MessagesEncoder(Encoder):
         for block in content:
             if block["type"] == "thinking":
                 block["signature"] = _signature(block["thinking"])
+                if not self.show_thinking:
+                    block["thinking"] = ""
         end = next(e for e in output if isinstance(e, ChoiceEnd))
         return {
             **self.head, "content": content, "stop_reason": _stop_reason(end),

@@ -86,6 +86,8 @@ def _finish(response: Response) -> Response:
         return response
     rec.status = response.status_code
     response.headers["X-Request-ID"] = rec.request_id
+    if rec.not_offered:
+        response.headers["Kronk-Tools-Not-Offered"] = ", ".join(rec.not_offered)
     protocol = state().protocols.for_path(api_path())
     if protocol.headers is not None:
         protocol.headers(response, rec)
@@ -124,6 +126,10 @@ def _log_completed(rec: RequestRecord, metrics) -> None:
         route=rec.route, model=rec.model, status=rec.status, outcome=outcome, duration=round(duration, 4),
         response_id=rec.response_id,
     )
+    if rec.not_offered:
+        fields["tools_not_offered"] = list(rec.not_offered)
+    if rec.error:
+        fields["error"] = rec.error
     if stats is not None:
         fields.update(
             prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
@@ -137,6 +143,9 @@ def _log_completed(rec: RequestRecord, metrics) -> None:
 
 
 def _api_error(error: ApiError):
+    rec = g.get("kronk_record")
+    if rec is not None:  # one log line says what went wrong: the request's own, at its end
+        rec.error = f"{error.param}: {error.message[:300]}" if error.param else error.message[:300]
     return state().protocols.for_path(api_path()).error_response(error)
 
 

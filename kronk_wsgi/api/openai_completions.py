@@ -3,7 +3,7 @@
 import itertools
 import time
 import uuid
-from typing import Annotated, Iterator, Literal, Optional, Union
+from typing import Annotated, Any, Iterator, Literal, Optional, Union
 
 import pydantic
 from flask import Blueprint
@@ -15,7 +15,7 @@ from .sessions import start_generation
 from .openai_chat import FINGERPRINT, OpenAIEncoder, by_choice, token_text, usage_body
 from .response import respond
 from .body import parse_body
-from .schemas import SamplingFields, StreamOptions
+from .schemas import SamplingFields, StreamOptions, grammar_fields
 from .sse import sse
 from .state import record
 from .protocol import Protocol
@@ -39,11 +39,16 @@ class CompletionRequest(SamplingFields):
     suffix: Optional[str] = None
     best_of: Literal[1] = 1
     logprobs: Optional[Annotated[int, Field(ge=0, le=5)]] = None
+    # llama-server's, which clients written for it send
+    grammar: Optional[str] = None  # GBNF
+    json_schema: Optional[dict[str, Any]] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionRequest":
         if self.suffix:
             raise ValueError("suffix (fill-in-the-middle) is not supported")
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give json_schema or grammar, not both")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
@@ -59,6 +64,7 @@ class CompletionRequest(SamplingFields):
         return GenerationRequest(
             self.model, prompt_param="prompt", prompts=self.prompts(), n=self.n, sampling=self.sampling(),
             stop=self.stop_sequences(), max_tokens=self.max_tokens, top_logprobs=self.logprobs,
+            reply_format=grammar_fields(self.grammar, self.json_schema),
         )
 
 

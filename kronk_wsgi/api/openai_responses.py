@@ -16,13 +16,13 @@ from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
 from .body import parse_body
-from .errors import ApiError
+from .errors import ApiError, invalid
 from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
 from .sessions import start_generation
 from .openai_chat import logprob_content
 from .response import Encoder, respond
 from .schemas import (
-    FunctionName, Metadata, SchemaName, ServiceTier, Strict, User, json_object, template_role, template_tool, template_tool_call,
+    FunctionName, Metadata, ReasoningEffort, SchemaName, ServiceTier, Strict, User, json_object, template_role, template_tool, template_tool_call,
 )
 from .sse import sse
 from .state import record, state
@@ -67,6 +67,7 @@ class FunctionCallItem(Strict):
     arguments: str
     id: Optional[str] = None
     status: Optional[str] = None
+    namespace: Optional[str] = None  # the namespace tool the function belongs to
 
     @pydantic.field_validator("arguments")
     @classmethod
@@ -117,6 +118,54 @@ class FunctionTool(Strict):
     strict: Optional[bool] = None
 
 
+# Tools OpenAI runs itself: accepted, not offered to the model (which could not use them here), and named in
+# the response's Kronk-Tools-Not-Offered header. Custom tools (free-form input) are not offered either yet.
+HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search",
+                "code_interpreter", "image_generation", "mcp", "computer_use_preview", "local_shell", "shell",
+                "apply_patch", "custom")
+
+
+class HostedTool(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+    type: Literal[HOSTED_TOOLS]  # type: ignore[valid-type]
+    name: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+
+class NamespaceTool(Strict):
+    """A group of functions under one name (Codex's multi-agent tools): each is offered to the model, and its
+    calls come back in the namespace."""
+
+    type: Literal["namespace"]
+    name: FunctionName
+    description: Optional[str] = None
+    tools: list[FunctionTool]
+
+
+def _tool_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ("function", "namespace") else "hosted"
+
+
+ResponsesTool = Annotated[Union[Annotated[FunctionTool, Tag("function")], Annotated[NamespaceTool, Tag("namespace")],
+                                Annotated[HostedTool, Tag("hosted")]], Discriminator(_tool_type)]
+
+
+class ReasoningConfig(Strict):
+    """Switches thinking off (effort none or minimal) or on where the template can, as chat's reasoning_effort."""
+
+    effort: Optional[ReasoningEffort] = None
+    summary: Optional[Literal["auto", "concise", "detailed"]] = None  # the reasoning is given whole, not summarized
+    generate_summary: Optional[Literal["auto", "concise", "detailed"]] = None
+
+
+class StreamOptions(Strict):
+    include_obfuscation: Optional[bool] = None  # no obfuscation padding: a local stream has no one to hide its size from
+
+
 class NamedFunction(Strict):
     type: Literal["function"]
     name: FunctionName
@@ -141,8 +190,7 @@ class JsonSchemaTextFormat(Strict):
 class TextConfig(Strict):
     format: Optional[Annotated[
         Union[TextFormat, JsonObjectTextFormat, JsonSchemaTextFormat], Field(discriminator="type")]] = None
-    verbosity: Optional[Literal["medium"]] = None
-
+    verbosity: Optional[Literal["low", "medium", "high"]] = None  # accepted: a reply's length is max_output_tokens
     def reply_format(self) -> Optional[ReplyFormat]:
         if isinstance(self.format, JsonObjectTextFormat):
             return ReplyFormat(JSON_OBJECT, strict=False, param="text.format")
@@ -159,7 +207,7 @@ class ResponsesRequest(Strict):
     temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     stream: bool = False
-    tools: Optional[list[FunctionTool]] = None
+    tools: Optional[list[ResponsesTool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = None
     parallel_tool_calls: Optional[bool] = None
     store: Optional[bool] = None
@@ -167,10 +215,18 @@ class ResponsesRequest(Strict):
     metadata: Optional[Metadata] = None
     service_tier: Optional[ServiceTier] = None
     text: Optional[TextConfig] = None
-    truncation: Optional[Literal["disabled"]] = None
+    truncation: Optional[Literal["disabled", "auto"]] = None  # auto: the oldest input goes until the prompt fits
     user: Optional[User] = None
-    include: Optional[list[Literal["message.output_text.logprobs"]]] = None
+    include: Optional[list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]]] = None
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
+    reasoning: Optional[ReasoningConfig] = None
+    max_tool_calls: Optional[Annotated[int, Field(ge=1)]] = None
+    stream_options: Optional[StreamOptions] = None
+    # Accepted as today's clients send them: see docs/PROTOCOLS.rst for what each does here.
+    prompt_cache_key: Optional[Annotated[str, Field(max_length=1024)]] = None
+    safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
+    client_metadata: Optional[dict[str, Any]] = None
+    background: Literal[False] = False  # a background response (polled later) is not supported
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ResponsesRequest":
@@ -201,24 +257,38 @@ class ResponsesRequest(Strict):
 
     def generation_request(self, conversation: list[dict]) -> GenerationRequest:
         """What the body asks for, ``conversation`` (the previous response's and this input) as the prompt."""
+        effort = self.reasoning.effort if self.reasoning else None
         return GenerationRequest(
             self.model, prompt_param="input", messages=self.instruction_messages() + conversation,
             tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
+            thinking=None if effort is None else effort not in ("none", "minimal"),
+            truncate=self.truncation == "auto",
+            not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
             max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
         )
 
+    def functions(self) -> list[FunctionTool]:
+        """The functions offered to the model: the request's own and those of its namespaces."""
+        return [f for t in self.tools or () for f in (t.tools if isinstance(t, NamespaceTool) else [t])
+                if isinstance(f, FunctionTool)]
+
+    def namespaces(self) -> dict[str, str]:
+        """Each namespaced function's namespace, by its name."""
+        return {f.name: t.name for t in self.tools or () if isinstance(t, NamespaceTool) for f in t.tools}
+
     def _tool_use(self) -> Optional[ToolUse]:
-        if not self.tools:
+        functions = self.functions()
+        if not functions:
             return None
         choice = self.tool_choice
         return ToolUse(
-            tuple(template_tool(t.name, t.description, t.parameters) for t in self.tools),
+            tuple(template_tool(t.name, t.description, t.parameters) for t in functions),
             # strict is on unless the tool turns it off, as in OpenAI's Responses API
-            strict=frozenset(t.name for t in self.tools if t.strict is not False),
+            strict=frozenset(t.name for t in functions if t.strict is not False),
             choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
             name=None if choice is None or isinstance(choice, str) else choice.name,
-            one_call=self.parallel_tool_calls is False,
+            max_calls=1 if self.parallel_tool_calls is False else self.max_tool_calls,
         )
 
     def _logprobs(self) -> Optional[int]:
@@ -242,9 +312,12 @@ def _message_item(item_id: str, text: str, status: str, logprobs: Optional[list[
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(call: ToolCall, arguments: str, status: str) -> dict:
-    return {"id": "fc_" + call.id, "type": "function_call", "status": status, "call_id": "call_" + call.id,
+def _call_item(call: ToolCall, arguments: str, status: str, namespace: Optional[str] = None) -> dict:
+    item = {"id": "fc_" + call.id, "type": "function_call", "status": status, "call_id": "call_" + call.id,
             "name": call.name, "arguments": arguments}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def _new_id(prefix: str) -> str:
@@ -291,6 +364,18 @@ def _keeper(response_id: str, previous: Optional[str], messages: list[dict]) -> 
     return keep
 
 
+def _open_sealed(body: "ResponsesRequest") -> None:
+    """400 naming the item if reasoning handed back sealed was not sealed here, or was changed."""
+    sealer = state().sealer
+    for index, item in enumerate(body.input if isinstance(body.input, list) else ()):
+        if isinstance(item, ReasoningItem) and item.encrypted_content is not None:
+            try:
+                sealer.open(item.encrypted_content)
+            except ValueError as exc:
+                raise invalid(f"input[{index}].encrypted_content: {exc}",
+                              param=f"input[{index}].encrypted_content") from None
+
+
 def _assistant_message(output: list[dict]) -> dict:
     """A response's output items as the assistant's chat message, for the conversation it continues."""
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
@@ -306,6 +391,7 @@ def _assistant_message(output: list[dict]) -> dict:
 def responses():
     """Generate a model response; with store (the default), keep it for previous_response_id and GET."""
     body = parse_body(ResponsesRequest)
+    _open_sealed(body)
     previous = ([] if body.previous_response_id is None
                 else _stored(state().responses.conversation, body.previous_response_id, "previous_response_id"))
     conversation = previous + body.input_messages()
@@ -322,13 +408,17 @@ def responses():
         "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
                  if body.text and body.text.format else {"type": "text"}},
         "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else choice or "auto",
-        "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p, "truncation": "disabled",
+        "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p,
+        "truncation": body.truncation or "disabled", "max_tool_calls": body.max_tool_calls,
+        "reasoning": body.reasoning.model_dump() if body.reasoning else {"effort": None, "summary": None},
+        "prompt_cache_key": body.prompt_cache_key, "safety_identifier": body.safety_identifier,
         "top_logprobs": body.top_logprobs,
         "usage": None, "user": body.user, "metadata": body.metadata or {},
     }
 
     keep = _keeper(response_id, body.previous_response_id, body.input_messages()) if store else None
-    return respond(session, ResponsesEncoder(base, keep), body.stream)
+    seal = state().sealer.seal if "reasoning.encrypted_content" in (body.include or ()) else None
+    return respond(session, ResponsesEncoder(base, keep, seal, body.namespaces()), body.stream)
 
 
 @bp.get("/v1/responses/<response_id>")
@@ -368,15 +458,19 @@ def _output_text(output: list[dict]) -> str:
 class ResponsesEncoder(Encoder):
     """Numbered events from 0: created and in_progress (the commit), output items, completed or incomplete.
 
-    The model's thinking is a reasoning item (its text as reasoning_text) before the answer.
+    The model's thinking is a reasoning item (its text as reasoning_text) before the answer; with ``seal``,
+    the item also carries its text sealed as ``encrypted_content``, for a client that keeps no state.
     """
 
     protocol = PROTOCOL
 
-    def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None) -> None:
+    def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None,
+                 seal: Optional[Callable[[str], str]] = None, namespaces: Optional[dict[str, str]] = None) -> None:
         super().__init__()
         self.base = base
+        self.namespaces = namespaces or {}  # a namespaced function's namespace, by its name
         self.keep = keep  # stores the finished response object, if the request asked for it
+        self.seal = seal
         self.sequence = 0
         self.output: list[dict] = []
         self.message_id: Optional[str] = None  # the message item being written, if any
@@ -390,6 +484,11 @@ class ResponsesEncoder(Encoder):
         frame = sse({"type": kind, "sequence_number": self.sequence, **fields}, kind)
         self.sequence += 1
         return frame
+
+    def _sealed(self, item: dict) -> dict:
+        if self.seal is not None:
+            item["encrypted_content"] = self.seal(item["content"][0]["text"])
+        return item
 
     def start(self) -> Iterator[str]:
         yield self._event("response.created", response=self.base)
@@ -410,7 +509,7 @@ class ResponsesEncoder(Encoder):
         text, item_id = "".join(self.thoughts), self.reasoning_id
         yield self._event("response.reasoning_text.done", item_id=item_id, output_index=len(self.output),
                           content_index=0, text=text)
-        item = _reasoning_item(item_id, text, "completed")
+        item = self._sealed(_reasoning_item(item_id, text, "completed"))
         yield self._event("response.output_item.done", output_index=len(self.output), item=item)
         self.output.append(item)
         self.reasoning_id, self.thoughts = None, []
@@ -448,12 +547,13 @@ class ResponsesEncoder(Encoder):
         yield from self._close_message("completed")
         self.take_logprobs()  # the call's own tokens: only output text lists its tokens
         index, item_id = len(self.output), "fc_" + event.id
-        yield self._event("response.output_item.added", output_index=index, item=_call_item(event, "", "in_progress"))
+        yield self._event("response.output_item.added", output_index=index, item=_call_item(event, "", "in_progress", self.namespaces.get(event.name)))
         yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
                           delta=event.arguments)
         yield self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
                           arguments=event.arguments)
-        item = _call_item(event, event.arguments, "completed")
+        item = _call_item(event, event.arguments, "completed" if event.complete else "incomplete",
+                          self.namespaces.get(event.name))
         yield self._event("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
 
@@ -483,12 +583,13 @@ class ResponsesEncoder(Encoder):
         end = next(e for e in output if isinstance(e, ChoiceEnd))
         answer = [e for e in output if isinstance(e, (TextDelta, ToolCall))]
         thinking = "".join(e.text for e in output if isinstance(e, ReasoningDelta))
-        items = [_reasoning_item(_new_id("rs_"), thinking, "completed")] if thinking else []
+        items = [self._sealed(_reasoning_item(_new_id("rs_"), thinking, "completed"))] if thinking else []
         listed = {id(text): logprob_content(tokens.tokens) for tokens, text in zip(output, output[1:])
                   if isinstance(tokens, Logprobs) and isinstance(text, TextDelta)}
         for position, event in enumerate(answer):
             if isinstance(event, ToolCall):
-                items.append(_call_item(event, event.arguments, "completed"))
+                items.append(_call_item(event, event.arguments, "completed" if event.complete else "incomplete",
+                                        self.namespaces.get(event.name)))
             else:
                 cut_short = position == len(answer) - 1 and end.reason == "length"
                 status = "incomplete" if cut_short else "completed"

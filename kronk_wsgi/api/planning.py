@@ -14,13 +14,13 @@ import jsonschema.protocols
 
 from ..engine.chat_template import ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
-from ..engine.grammar import Grammar, GrammarError, json_schema_grammar
+from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
 from ..engine.sampling import SamplingParams
 from ..serving.jobs import EmbeddingJob, GenerationJob, ReplyReading
 from ..serving.pool import LoadedModel
 from ..serving.reasoning import opens_thinking, reasoning_of
 from ..serving.tool_calls import ToolCallRules, call_grammar, forced_opening, syntax_of
-from .errors import invalid
+from .errors import ApiError, invalid
 from ..serving import offload
 
 JSON_OBJECT = {"type": "object"}
@@ -37,11 +37,13 @@ Prompt = Union[str, list[int]]  # text, or token ids taken as they are
 
 @dataclasses.dataclass(frozen=True)
 class ReplyFormat:
-    """JSON that the reply must be: valid against ``schema``; with ``strict``, every keyword enforced."""
+    """What the reply must be: JSON valid against ``schema`` (with ``strict``, every keyword enforced), or text
+    that a ``gbnf`` grammar (llama.cpp's grammar format) matches."""
 
-    schema: dict
+    schema: Optional[dict]
     strict: bool
     param: str  # where the request gave it
+    gbnf: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,14 +54,14 @@ class ToolUse:
     reply inside a call whose arguments are constrained to the tool's schema.
     With ``strict`` tools and "auto", a call the model opens is constrained the
     same way, and a call is taken only if its arguments validate. With
-    ``one_call`` a reply ends at its first call.
+    ``max_calls`` a reply ends at that many calls.
     """
 
     tools: tuple[dict, ...]
     strict: frozenset[str] = frozenset()
     choice: str = "auto"  # "auto", "none" or "required"
     name: Optional[str] = None
-    one_call: bool = False
+    max_calls: Optional[int] = None
 
     @property
     def forced(self) -> bool:
@@ -82,6 +84,8 @@ class GenerationRequest:
     model: str
     prompt_param: str
     messages: Optional[list[dict]] = None
+    continue_final: bool = False  # the last message is the assistant's, and the reply continues it (a prefill)
+    truncate: bool = False  # the oldest messages (after a leading system message) go until the prompt fits
     prompts: Sequence[Prompt] = ()
     n: int = 1
     tools: Optional[ToolUse] = None
@@ -93,6 +97,7 @@ class GenerationRequest:
     max_tokens: Optional[int] = None
     max_tokens_param: str = "max_tokens"
     top_logprobs: Optional[int] = None
+    not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run (said, not hidden)
 
     @property
     def calls_tools(self) -> bool:
@@ -114,7 +119,7 @@ def check(request: GenerationRequest) -> None:
         if tool["function"]["name"] in tools.strict:
             _check_schema(tool["function"]["parameters"], "tools",
                           f"the parameters of tool {tool['function']['name']!r}")
-    if request.reply_format is not None:
+    if request.reply_format is not None and request.reply_format.schema is not None:
         _check_schema(request.reply_format.schema, request.reply_format.param, "the response format's schema")
 
 
@@ -122,14 +127,38 @@ def plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     """The job that answers a checked ``request`` on ``model``: its prompts' tokens, how replies are decoded and read.
 
     400 if the template cannot take the messages or tools, if a prompt does
-    not fit the context, or if a schema cannot be enforced.
+    not fit the context (with ``truncate``, once the oldest messages are gone
+    and it still does not), or if a schema cannot be enforced.
     """
+    while True:
+        try:
+            return _plan(model, request)
+        except ApiError as exc:
+            shorter = _without_oldest(request.messages) if request.truncate else None
+            if exc.code != "context_length_exceeded" or shorter is None:
+                raise
+            request = dataclasses.replace(request, messages=shorter)
+
+
+def _without_oldest(messages: Optional[list[dict]]) -> Optional[list[dict]]:
+    """The conversation without its oldest turn (a leading system message stays, and the tool results that
+    answered the turn go with it); None if only one turn is left."""
+    if not messages:
+        return None
+    head = 1 if messages[0]["role"] == "system" else 0
+    rest = messages[head + 1:]
+    while rest and rest[0]["role"] == "tool":
+        rest = rest[1:]
+    return messages[:head] + rest if rest else None
+
+
+def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     tokenizer = model.engine.tokenizer
     reading, grammar_text, grammar_after = ReplyReading(), None, ""
     texts: Sequence[Union[Prompt, RenderedPrompt]] = request.prompts
     if request.messages is not None:
         rendered = render_chat(model, request.messages, request.tools.tools if request.tools else None,
-                               request.thinking)
+                               request.thinking, request.continue_final)
         texts = [rendered]
         reasoning = reasoning_of(model.template.source)
         inside = reasoning is not None and opens_thinking(rendered.text, reasoning)
@@ -137,16 +166,17 @@ def plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         if request.calls_tools:
             reading, grammar_text, grammar_after = _tool_reading(model, request.tools, reading)
     if request.reply_format is not None:
-        grammar_text = json_schema_grammar(request.reply_format.schema, lenient=not request.reply_format.strict)
+        grammar_text = _format_grammar(request.reply_format)
         grammar_after = reading.reasoning.close if reading.inside_thinking else ""  # the answer follows the thinking
     after_prompt = reading.reply_start
     if reading.inside_thinking and reading.reply_start:  # a forced call comes after the thinking: left empty
         after_prompt = reading.reasoning.close + "\n\n" + reading.reply_start
         reading = dataclasses.replace(reading, inside_thinking=False)
     token_lists = [_prompt_tokens(model, text, after_prompt, request) for text in texts]
+    room = model.engine.context_length - max(map(len, token_lists))
     decode = DecodeOptions(
-        end_ids=model.end_ids,
-        max_tokens=request.max_tokens or model.engine.context_length - max(map(len, token_lists)),
+        end_ids=model.end_ids, end_texts=model.end_texts,
+        max_tokens=min(request.max_tokens or room, room),  # clamped to what fits, as llama-server and Ollama do
         sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),
         grammar=_grammar(model, grammar_text, request), constrain_after=grammar_after,
         thinking_close=reading.reasoning.close if reading.inside_thinking else "",
@@ -173,13 +203,14 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str) -> 
 
 def render_chat(
     model: LoadedModel, messages: list[dict], tools: Optional[Sequence[dict]], thinking: Optional[bool] = None,
+    continue_final: bool = False,
 ) -> RenderedPrompt:
-    """The prompt from the model's chat template; 400 if the template cannot take these messages or tools."""
-    if tools and not model.template.supports_tools:
-        raise invalid(f"the chat template of model {model.id!r} does not support tools", param="tools")
+    """The prompt from the model's chat template (tools written into the messages where it renders none);
+    400 if the template cannot take these messages."""
     try:
         # In the model's preparation thread: a long conversation or template loop must not stall the event loop.
-        return offload.call(model.prep, model.template.render, messages, list(tools) if tools else None, thinking)
+        return offload.call(model.prep, model.template.render, messages, list(tools) if tools else None, thinking,
+                            continue_final)
     except ChatTemplateError as exc:
         raise invalid(str(exc), param="messages") from None
 
@@ -188,16 +219,28 @@ def _tool_reading(model: LoadedModel, tools: ToolUse, reading: ReplyReading) -> 
     """How a reply with tools is read, and the grammar of its calls (with where it starts), if they are constrained."""
     syntax = syntax_of(model.template.source)
     control = model.engine.tokenizer.control
-    rules = ToolCallRules(syntax, _accept_calls(tools))
+    rules = ToolCallRules(syntax, _accept_calls(tools), frozenset(t["function"]["name"] for t in tools.tools))
     if tools.forced:
-        opening = forced_opening(syntax, tools.name)
-        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, tools.name)
-        return dataclasses.replace(reading, tool_rules=rules, reply_start=opening, one_tool_call=tools.one_call), \
+        # A required call with one tool on offer is a call of that tool: its name is written, not sampled.
+        name = tools.name or (tools.tools[0]["function"]["name"] if len(tools.tools) == 1 else None)
+        opening = forced_opening(syntax, name)
+        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, name)
+        return dataclasses.replace(reading, tool_rules=rules, reply_start=opening, max_tool_calls=tools.max_calls), \
             grammar, ""
-    reading = dataclasses.replace(reading, tool_rules=rules, one_tool_call=tools.one_call)
+    reading = dataclasses.replace(reading, tool_rules=rules, max_tool_calls=tools.max_calls)
     if tools.strict:  # the model may answer or call: a call it opens follows the schemas
         return reading, call_grammar(syntax, list(tools.tools), tools.strict, control, forced=False), syntax.open
     return reading, None, ""
+
+
+def _format_grammar(reply_format: ReplyFormat) -> str:
+    """The grammar of a reply format; 400 if its GBNF does not convert."""
+    if reply_format.gbnf is None:
+        return json_schema_grammar(reply_format.schema, lenient=not reply_format.strict)
+    try:
+        return gbnf_grammar(reply_format.gbnf)
+    except GrammarError as exc:
+        raise invalid(f"the grammar cannot be used: {exc}", param=reply_format.param) from None
 
 
 def _grammar(model: LoadedModel, text: Optional[str], request: GenerationRequest) -> Optional[Grammar]:
@@ -222,9 +265,9 @@ def _sampling(model: LoadedModel, sampling: SamplingParams) -> SamplingParams:
 
 def _prompt_tokens(model: LoadedModel, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,
                    request: GenerationRequest) -> list[int]:
-    """One prompt's tokens, ``after_prompt`` text included; 400 if it does not fit the context with max_tokens more."""
+    """One prompt's tokens, ``after_prompt`` text included; 400 if it leaves no room for a token of the reply."""
     context = model.engine.context_length
-    param, max_tokens = request.prompt_param, request.max_tokens
+    param = request.prompt_param
     if isinstance(prompt, list):
         tokens = _known_ids(model, prompt, param)
     else:
@@ -235,13 +278,9 @@ def _prompt_tokens(model: LoadedModel, prompt: Union[Prompt, RenderedPrompt], af
             raise invalid(f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
                           param=param, code="context_length_exceeded")
         tokens = model.tokenize(full, inert=rendered.inert)
-    if len(tokens) + (max_tokens or 1) > context:
-        raise invalid(
-            f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens"
-            + (f" and {request.max_tokens_param} asks for {max_tokens} more" if max_tokens else ""),
-            param=request.max_tokens_param if max_tokens else param,
-            code="context_length_exceeded",
-        )
+    if len(tokens) >= context:
+        raise invalid(f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens",
+                      param=param, code="context_length_exceeded")
     return tokens
 
 

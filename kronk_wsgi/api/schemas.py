@@ -163,6 +163,9 @@ class SamplingFields(Strict):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+# Every reasoning_effort OpenAI defines: none and minimal switch thinking off, the others on.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
 # OpenAI's service tiers: this server has one, and it meets every one of them.
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 
@@ -197,6 +200,15 @@ class JsonSchemaFormat(Strict):
     json_schema: JsonSchemaSpec
 
 
+def grammar_fields(grammar: Optional[str], json_schema: Optional[dict]) -> Optional[ReplyFormat]:
+    """llama-server's ``grammar`` (GBNF) and ``json_schema`` fields as a reply format."""
+    if grammar is not None:
+        return ReplyFormat(None, strict=True, param="grammar", gbnf=grammar)
+    if json_schema is not None:
+        return ReplyFormat(json_schema, strict=False, param="json_schema")
+    return None
+
+
 def reply_format(spec: Union[TextResponseFormat, JsonObjectFormat, JsonSchemaFormat, None], param: str,
                  ) -> Optional[ReplyFormat]:
     """What a response format asks of the reply: JSON, valid against a schema; None for text."""
@@ -226,9 +238,19 @@ class ChatCompletionRequest(SamplingFields):
     response_format: Optional[Annotated[
         Union[TextResponseFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]] = None
     # Switches thinking on or off where the model's chat template can (``enable_thinking``).
-    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    reasoning_effort: Optional[ReasoningEffort] = None
     logprobs: bool = False
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
+    # Accepted as today's clients send them: see docs/PROTOCOLS.rst for what each does here.
+    verbosity: Optional[Literal["low", "medium", "high"]] = None
+    prompt_cache_key: Optional[Annotated[str, Field(max_length=1024)]] = None
+    safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
+    web_search_options: Optional[dict[str, Any]] = None  # a hosted tool this server cannot run: not offered
+    # llama-server's and vLLM's extensions, which clients written for them send
+    grammar: Optional[str] = None  # GBNF
+    json_schema: Optional[dict[str, Any]] = None
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatCompletionRequest":
@@ -242,19 +264,28 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("tool_choice needs tools")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
+        if sum(x is not None for x in (self.grammar, self.json_schema, reply_format(self.response_format, ""))) > 1:
+            raise ValueError("give one of response_format (json), json_schema and grammar")
+        if (self.continue_final_message or not self.add_generation_prompt) and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs a final assistant message to continue")
         return self
 
     def generation_request(self) -> GenerationRequest:
         """What the body asks for, as the planner takes it."""
         return GenerationRequest(
             self.model, prompt_param="messages", messages=[m.for_template() for m in self.messages], n=self.n,
-            tools=self._tool_use(), reply_format=reply_format(self.response_format, "response_format"),
+            tools=self._tool_use(), reply_format=self._reply_format(),
+            continue_final=self.continue_final_message or not self.add_generation_prompt,
             thinking=None if self.reasoning_effort is None else self.reasoning_effort not in ("none", "minimal"),
             sampling=self.sampling(), stop=self.stop_sequences(),
             max_tokens=self.max_completion_tokens or self.max_tokens,
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
             top_logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            not_offered=("web_search",) if self.web_search_options is not None else (),
         )
+
+    def _reply_format(self) -> Optional[ReplyFormat]:
+        return grammar_fields(self.grammar, self.json_schema) or reply_format(self.response_format, "response_format")
 
     def _tool_use(self) -> Optional[ToolUse]:
         if not self.tools:
@@ -265,5 +296,5 @@ class ChatCompletionRequest(SamplingFields):
             strict=frozenset(t.function.name for t in self.tools if t.function.strict),
             choice="required" if isinstance(choice, NamedToolChoice) else choice or "auto",
             name=choice.function.name if isinstance(choice, NamedToolChoice) else None,
-            one_call=self.parallel_tool_calls is False,
+            max_calls=1 if self.parallel_tool_calls is False else None,
         )

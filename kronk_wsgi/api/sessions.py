@@ -50,6 +50,7 @@ def use_model(model_id: str) -> Iterator[LoadedModel]:
 
 def start_generation(request: GenerationRequest) -> Session:
     """Check, admit and plan one generation; return its not yet started session."""
+    record().not_offered = request.not_offered
     offload.call(state().body_thread, check, request)  # schemas may take time to check: off the event loop
     return _start(request.model, lambda model: plan(model, request))
 

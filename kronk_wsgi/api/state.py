@@ -12,6 +12,7 @@ from ..metrics import Metrics
 from ..serving.pool import ModelPool
 from ..serving.session import GenerationStats, Session
 from .response_store import ResponseStore
+from .sealing import Sealer
 
 if TYPE_CHECKING:
     from .protocol import Protocols
@@ -27,6 +28,7 @@ class KronkState:
     body_thread: ThreadPool  # work before the commit (parsing, validation), off the event loop
     responses: ResponseStore
     store_thread: ThreadPool  # every call to the Responses store, one at a time
+    sealer: Sealer  # seals the reasoning a Responses client keeps
     protocols: "Protocols"
     url_prefix: str = ""  # where the API is mounted
 
@@ -41,6 +43,8 @@ class RequestRecord:
     model: Optional[str] = None
     response_id: Optional[str] = None  # the id of the completion, message or response made
     owner: str = ""  # whose stored responses the request may see (response_store.owner_of its API key)
+    not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run
+    error: Optional[str] = None  # what an error response said, for the request's log line
     status: int = 0
     outcome: str = ""  # set by views that know better than the status
     stats: Optional[GenerationStats] = None

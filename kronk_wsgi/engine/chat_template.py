@@ -16,6 +16,7 @@ import datetime
 import functools
 import itertools
 import json
+import re
 from typing import Any, Iterable, NamedTuple, Optional
 
 import jinja2
@@ -70,8 +71,61 @@ For each function call, return a json object with function name and arguments wi
 {% endif %}
 """
 
+# The templates of the families whose files often ship none, each written out plainly: system text joins the
+# first user turn where the family has no system role; tool turns arrive as user turns (see _with_tools_as_text).
+_GEMMA = """\
+{{ bos_token }}
+{%- set system = messages[0].content + '\n\n' if messages and messages[0].role == 'system' else '' %}
+{%- for message in messages if message.role != 'system' %}
+<start_of_turn>{{ 'model' if message.role == 'assistant' else 'user' }}
+{{ (system if loop.first else '') + message.content | trim }}<end_of_turn>
+{% endfor %}
+{%- if add_generation_prompt %}
+<start_of_turn>model
+{% endif %}
+"""
+
+_LLAMA3 = """\
+{{ bos_token }}
+{%- for message in messages %}
+<|start_header_id|>{{ message.role }}<|end_header_id|>
+
+{{ message.content | trim }}<|eot_id|>
+{%- endfor %}
+{%- if add_generation_prompt %}
+<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}
+"""
+
+_MISTRAL = """\
+{{ bos_token }}
+{%- set system = messages[0].content + '\n\n' if messages and messages[0].role == 'system' else '' %}
+{%- for message in messages if message.role != 'system' %}
+{%- if message.role == 'assistant' %}
+{{ message.content }}{{ eos_token }}
+{%- else %}
+[INST] {{ (system if loop.first else '') + message.content }} [/INST]
+{%- endif %}
+{%- endfor %}
+"""
+
+_PHI3 = """\
+{%- for message in messages %}
+<|{{ message.role }}|>
+{{ message.content }}<|end|>
+{% endfor %}
+{%- if add_generation_prompt %}
+<|assistant|>
+{% endif %}
+"""
+
 BUILTIN_TEMPLATES = {
     "chatml": _CHATML,
+    "gemma": _GEMMA,
+    "llama3": _LLAMA3,
+    "mistral": _MISTRAL,
+    "phi3": _PHI3,
     "llama2": (
         "{% if messages[0]['role'] == 'system' %}"
         "{% set system = '<<SYS>>\\n' + messages[0]['content'] + '\\n<</SYS>>\\n\\n' %}"
@@ -89,6 +143,58 @@ BUILTIN_TEMPLATES = {
 }
 DEFAULT_TEMPLATE = "chatml"
 
+# For a file without a template: the family its vocabulary's turn markers name, as llama.cpp decides.
+VOCABULARY_TEMPLATES = (
+    ("<start_of_turn>", "gemma"),
+    ("<|start_header_id|>", "llama3"),
+    ("<|im_start|>", "chatml"),
+    ("[INST]", "mistral"),
+    ("<|user|>", "phi3"),
+)
+
+
+def template_for_vocabulary(control_tokens: Iterable[str]) -> str:
+    """The built-in template whose markers the vocabulary has as control tokens; ChatML if none."""
+    tokens = set(control_tokens)
+    return next((name for marker, name in VOCABULARY_TEMPLATES if marker in tokens), DEFAULT_TEMPLATE)
+
+
+# Tools for a template that does not render them: definitions, calls and results as Hermes-style text,
+# which the tool-call parser reads back.
+_TOOLS_PREAMBLE = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def _with_tools_as_text(messages: list[dict[str, Any]], tools: list[dict]) -> list[dict[str, Any]]:
+    """The conversation with its tools written into it: the definitions in the system message, each call in its
+    assistant message's text, each result as a user turn."""
+    preamble = _TOOLS_PREAMBLE.format(tools="\n".join(_tojson(tool) for tool in tools))
+    rest = messages
+    if messages and messages[0]["role"] == "system":
+        preamble, rest = messages[0]["content"] + "\n\n" + preamble, messages[1:]
+    out: list[dict[str, Any]] = [{"role": "system", "content": preamble}]
+    for message in rest:
+        if message["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"})
+            continue
+        calls = "".join(
+            "\n<tool_call>\n" + _tojson({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+            + "\n</tool_call>" for c in message.get("tool_calls") or ())
+        out.append({"role": message["role"], "content": (message["content"] + calls).strip() if calls
+                    else message["content"]})
+    return out
+
 
 class RenderedPrompt(NamedTuple):
     """Prompt text, and the character that marks control-token text from messages as plain (None: no such text)."""
@@ -100,6 +206,7 @@ class RenderedPrompt(NamedTuple):
 # Characters no real text uses: Unicode's noncharacters, then the private use area.
 _INERT_CANDIDATES = "".join(chr(c) for c in itertools.chain(range(0xFDD0, 0xFDF0), range(0xE000, 0xF900)))
 _PROBE = "\ufdd0kronk-probe\ufdd1"
+_MARKER = re.compile(r"<[|/]?[A-Za-z_|]{2,30}[|]?>|\[/?[A-Z_]{2,20}\]")  # <|im_end|>, <end_of_turn>, </s>, [/INST]
 
 
 class ChatTemplateError(ValueError):
@@ -138,7 +245,8 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"chat template does not compile: {exc}") from None
         self.source = source
-        self.supports_tools = "tools" in names
+        # Whether the template renders tools itself; if not, they are written into the messages.
+        self.renders_tools = "tools" in names
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._control = any_of(t for t in control_tokens if len(t) > 1)  # one character cannot be marked inside
@@ -147,35 +255,66 @@ class ChatTemplate:
     def for_model(
         cls, configured: Optional[str], from_file: Optional[str], bos: str, eos: str, control_tokens: Iterable[str] = (),
     ) -> "ChatTemplate":
-        """The configured template (a built-in name or Jinja text), else the file's, else the default."""
-        source = configured or from_file or DEFAULT_TEMPLATE
+        """The configured template (a built-in name or Jinja text), else the file's, else the one the vocabulary's
+        turn markers name."""
+        control_tokens = list(control_tokens)
+        source = configured or from_file or template_for_vocabulary(control_tokens)
         return cls(BUILTIN_TEMPLATES.get(source, source), bos, eos, control_tokens)
+
+    @property
+    def tool_rendering(self) -> str:
+        """How tools reach the model: through the template, or written into the messages."""
+        return "the chat template" if self.renders_tools else "built-in Hermes text (<tool_call>), the template has none"
 
     def render(
         self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None, thinking: Optional[bool] = None,
+        continue_final: bool = False,
     ) -> RenderedPrompt:
         """Prompt text for ``messages``, ending where the assistant's reply begins.
 
         ``thinking`` reaches the template as ``enable_thinking``: templates of reasoning models
-        read it to switch thinking on or off; others ignore it.
+        read it to switch thinking on or off; others ignore it. With ``continue_final`` the last
+        message is the assistant's and the prompt ends inside it, where its text ends: the reply
+        continues it (as the Messages API does with a final assistant message).
         """
+        if tools and not self.renders_tools:
+            messages, tools = _with_tools_as_text(messages, tools), None
         inert = None
         if self._control is not None:
             inert = _inert_for(json.dumps([messages, tools], ensure_ascii=False))
             messages, tools = self._mark(messages, inert), self._mark(tools, inert)
+        if continue_final:
+            return RenderedPrompt(self._continued(messages, tools, thinking), inert)
         return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True, thinking=thinking), inert)
+
+    def _continued(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], thinking: Optional[bool]) -> str:
+        """The conversation rendered up to the end of its final (assistant) message's text."""
+        final = messages[-1]
+        if final["role"] != "assistant" or final.get("tool_calls"):
+            raise ChatTemplateError("only a final assistant message of text can be continued")
+        text = self._render(messages[:-1] + [{**final, "content": _PROBE}], tools, add_generation_prompt=False,
+                            thinking=thinking)
+        head, found, _ = text.partition(_PROBE)
+        if not found:
+            raise ChatTemplateError("this chat template drops a final assistant message: it cannot be continued")
+        return head + final["content"]
 
     def closing_token(self) -> Optional[str]:
         """The control token this template closes an assistant turn with (such as ``<|im_end|>``), if any."""
-        if self._control is None:
-            return None
+        closing = self.closing_text()
+        return closing if closing is not None and self._control is not None and self._control.fullmatch(closing) \
+            else None
+
+    def closing_text(self) -> Optional[str]:
+        """The marker this template closes an assistant turn with (``<|im_end|>``, ``<end_of_turn>``), if any,
+        whether or not the vocabulary has it as a control token."""
         messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": _PROBE}]
         try:
             text = self._render(messages, None, add_generation_prompt=False)
         except ChatTemplateError:
             return None
         _, found, after = text.partition(_PROBE)
-        match = self._control.match(after.lstrip()) if found else None
+        match = _MARKER.match(after.lstrip()) if found else None
         return match.group() if match else None
 
     def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], add_generation_prompt: bool,

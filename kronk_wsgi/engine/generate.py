@@ -82,7 +82,7 @@ class DecodeOptions:
     """How a reply is decoded, the same for each reply of a request.
 
     Decoding stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
-    which never reach the text; other control tokens add no text either,
+    which never reach the text, and at any of ``end_texts``, which do not either; other control tokens add no text either,
     except those in ``shown`` (a tag a parser reads that is a control token).
     With a ``grammar`` only tokens it allows are sampled, and decoding stops
     when it is complete; with ``constrain_after`` too, the constraint starts
@@ -97,6 +97,7 @@ class DecodeOptions:
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
+    end_texts: tuple[str, ...] = ()  # text that ends the reply as an end token does (a marker not in the vocabulary)
     shown: frozenset[int] = frozenset()
     grammar: Optional[Grammar] = None
     constrain_after: str = ""
@@ -114,7 +115,8 @@ class Generation:
     random numbers. After iteration ``finish_reason`` is "stop" (an end token,
     a stop sequence or a complete grammar) or "length" (max_tokens or the
     context window), ``stop_sequence`` is the stop sequence that ended it, if
-    one did, and ``completion_tokens`` counts the sampled tokens.
+    one did, ``window_full`` says the context window has no room left, and
+    ``completion_tokens`` counts the sampled tokens.
     ``Cancelled`` propagates when ``cancelled()`` turns true between two
     engine calls.
     """
@@ -141,6 +143,7 @@ class Generation:
         self.cached_tokens = 0
         self.finish_reason = ""
         self.stop_sequence: Optional[str] = None
+        self.window_full = False
 
     def _tokens_of(self, tag: str) -> list[int]:
         """A tag's tokens: its control token if it is one, else its text's."""
@@ -152,7 +155,7 @@ class Generation:
         self.cached_tokens = slot.prefill(self.prompt, self.cancelled)
         sampler = Sampler(options.sampling, self.prompt, self.choice)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stops = StopScanner(options.stop)
+        stops = StopScanner(options.stop + options.end_texts)
         later = options.grammar.constraint() if options.grammar else None  # once the text reaches constrain_after
         constraint = None if options.constrain_after else later
         constraint_start = TagWatch(options.constrain_after)
@@ -205,19 +208,21 @@ class Generation:
                 yield text
             if stopped:
                 self.finish_reason = "stop"
-                self.stop_sequence = stops.matched
+                self.stop_sequence = stops.matched if stops.matched in options.stop else None
                 return
             if constraint and constraint.complete:
                 self.finish_reason = "stop"
                 break
             if self.completion_tokens >= options.max_tokens or len(slot.cached) >= self.context_length:
                 self.finish_reason = "length"
+                self.window_full = len(self.prompt) + self.completion_tokens >= self.context_length
                 break
             if self.cancelled():
                 raise Cancelled()
         tail, stopped = stops.feed(decoder.decode(b"", final=True))
         if stopped:
-            self.finish_reason, self.stop_sequence = "stop", stops.matched
+            self.finish_reason = "stop"
+            self.stop_sequence = stops.matched if stops.matched in options.stop else None
         else:
             tail += stops.flush()
         if tail:

@@ -61,6 +61,15 @@ def lark_json(schema: dict[str, Any], lenient: bool = False) -> str:
     return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
 
 
+def gbnf_grammar(gbnf: str) -> str:
+    """A grammar from llama.cpp's GBNF text (as llama-server's ``grammar`` field takes it); GrammarError if it
+    does not convert."""
+    try:
+        return llguidance.grammar_from("gbnf", gbnf)
+    except ValueError as exc:
+        raise GrammarError(str(exc)) from None
+
+
 def lark_grammar(lark: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(lark)
 

@@ -59,12 +59,16 @@ class Logprobs:
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
-    """A complete tool call parsed out of the generated text; ``arguments`` is a JSON object's text."""
+    """A tool call parsed out of the generated text; ``arguments`` is a JSON object's text.
+
+    A call cut off by the token limit is not ``complete``: its arguments are the text written so far.
+    """
 
     id: str
     name: str
     arguments: str
     index: int = 0
+    complete: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,7 @@ class ChoiceEnd:
     reason: str
     stop_sequence: Optional[str] = None
     index: int = 0
+    window_full: bool = False  # a "length" end at the end of the context window, not of max_tokens
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,12 +42,12 @@ class ReplyReading:
     (``inside_thinking``: the prompt leaves the reply inside the thinking
     block). ``reply_start`` is text at the end of the prompt that belongs to
     the reply (the opening of a forced tool call): the tool-call parser reads
-    it first. With ``one_tool_call`` a reply ends at its first tool call.
+    it first. With ``max_tool_calls`` a reply ends at that many tool calls.
     """
 
     tool_rules: Optional[ToolCallRules] = None
     reply_start: str = ""
-    one_tool_call: bool = False
+    max_tool_calls: Optional[int] = None
     reasoning: Optional[ReasoningSyntax] = None
     inside_thinking: bool = False
 
@@ -121,7 +121,8 @@ class GenerationJob:
                 yield self._logprobs(generation)
             for event in split(text):
                 yield event
-                if reading.one_tool_call and isinstance(event, ToolCall):
+                if reading.max_tool_calls is not None and isinstance(event, ToolCall) \
+                        and tools.calls >= reading.max_tool_calls:
                     yield ChoiceEnd("tool_calls")
                     return
         if generation.sampled:
@@ -133,11 +134,11 @@ class GenerationJob:
             else:
                 yield part
         if tools:
-            yield from tools.flush()
+            yield from tools.flush(cut=generation.finish_reason == "length")
         reason = generation.finish_reason
         if tools and tools.calls and reason == "stop" and generation.stop_sequence is None:
             reason = "tool_calls"
-        yield ChoiceEnd(reason, generation.stop_sequence)
+        yield ChoiceEnd(reason, generation.stop_sequence, window_full=generation.window_full)
 
     def _logprobs(self, generation: Generation) -> Logprobs:
         """The tokens sampled since the last report, as bytes with their log probabilities."""

@@ -114,6 +114,9 @@ class LoadedModel:
         self.last_used = time.monotonic()
         closing = engine.tokenizer.control.get(template.closing_token() or "")
         self.end_ids = engine.tokenizer.end_ids | ({closing} if closing is not None else set())
+        # The turn's closing marker, where the vocabulary has it only as text: a reply ends there too.
+        text = template.closing_text()
+        self.end_texts: tuple[str, ...] = (text,) if text and text not in engine.tokenizer.control else ()
         self.created = int(time.time())
         self.slot_threads = ThreadPool(len(slots))
         self.prep = ThreadPool(1)

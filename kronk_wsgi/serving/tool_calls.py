@@ -10,6 +10,7 @@ stays plain text.
 
 import dataclasses
 import json
+import re
 import uuid
 from typing import Callable, Optional
 
@@ -91,6 +92,7 @@ class ToolCallRules:
 
     syntax: ToolCallSyntax
     accept: Callable[[str, dict], bool]  # (name, arguments)
+    names: frozenset[str] = frozenset()  # the tools' names: a call to one of them cut off by the limit is kept
 
 
 def _parse_calls(body: str, accept: Callable[[str, dict], bool]) -> Optional[list[ToolCall]]:
@@ -115,6 +117,17 @@ def _parse_calls(body: str, accept: Callable[[str, dict], bool]) -> Optional[lis
     return calls or None
 
 
+_PARTIAL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+
+
+def _partial_call(body: str, names: frozenset[str]) -> Optional[ToolCall]:
+    """A call cut off in its arguments, if it has named one of the tools."""
+    head = _PARTIAL_HEAD.match(body)
+    if head is None or head.group(1) not in names:
+        return None
+    return ToolCall(uuid.uuid4().hex[:24], head.group(1), body[head.end():].rstrip(), complete=False)
+
+
 class ToolCallParser:
     """Splits streamed text into text deltas and tool calls.
 
@@ -123,6 +136,7 @@ class ToolCallParser:
     """
 
     def __init__(self, rules: ToolCallRules) -> None:
+        self.rules = rules
         self.syntax = rules.syntax
         self.accept = rules.accept
         self.calls = 0
@@ -156,14 +170,20 @@ class ToolCallParser:
                 self._inside = False
                 self._body(body, opening + body + closing, out)
 
-    def flush(self) -> list[TextDelta | ToolCall]:
-        """What is held back when the text ends: an unclosed call is parsed only if its syntax has no closing tag."""
+    def flush(self, cut: bool = False) -> list[TextDelta | ToolCall]:
+        """What is held back when the text ends: an unclosed call is parsed if its syntax has no closing tag;
+        one ``cut`` off by the token limit is a partial call if it has named one of the tools, as OpenAI
+        returns it."""
         out: list[TextDelta | ToolCall] = []
         pending, self._pending = self._pending, ""
+        partial = _partial_call(pending, self.rules.names) if self._inside and cut else None
         if not self._inside:
             self._text(pending, out)
         elif self.syntax.close is None:
             self._body(pending, self.syntax.open + pending, out)
+        elif partial is not None:
+            out.append(partial)
+            self.calls += 1
         else:
             self._text(self.syntax.open + pending, out)
         self._inside = False

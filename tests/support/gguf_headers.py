@@ -10,9 +10,12 @@ TYPES = [3, 1, 1, 1, 1, 1, 1, 3, 3]
 
 
 def write_header(path: Path, architecture: str = "llama", *, tensor_type: gguf.GGMLQuantizationType = None,
-                 extra_tensors: tuple[str, ...] = (), tied: bool = False, eos: int = 8) -> Path:
-    """A one-layer model with a byte-level BPE vocabulary; its weights are zeros."""
-    width, ff, vocab = 32, 64, len(TOKENS)
+                 extra_tensors: tuple[str, ...] = (), tied: bool = False, eos: int = 8,
+                 markers: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")) -> Path:
+    """A one-layer model with a byte-level BPE vocabulary and the turn ``markers`` as control tokens;
+    its weights are zeros."""
+    tokens, types = TOKENS[:7] + list(markers), TYPES[:7] + [3] * len(markers)
+    width, ff, vocab = 32, 64, len(tokens)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(64)
     writer.add_embedding_length(width)
@@ -23,8 +26,8 @@ def write_header(path: Path, architecture: str = "llama", *, tensor_type: gguf.G
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
-    writer.add_token_list(TOKENS)
-    writer.add_token_types(TYPES)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
     writer.add_token_merges(["a b", "Ġ a"])
     writer.add_eos_token_id(eos)
 

@@ -1,0 +1,47 @@
+"""Sealed reasoning: text a client keeps and hands back (``reasoning.encrypted_content``) that only this server
+can open, and that cannot be changed on the way.
+
+Fernet (AES-128-CBC with HMAC-SHA256, from the cryptography package) under one key per server, kept in the
+cache directory, readable by its owner only, and made by whichever worker needs it first.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from cryptography.fernet import Fernet, InvalidToken
+
+
+class Sealer:
+    """Seals and opens text with the key at ``path`` (made on first use)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fernet: Optional[Fernet] = None
+
+    def _key(self) -> Fernet:
+        if self._fernet is None:
+            if not self.path.exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd, temporary = tempfile.mkstemp(dir=self.path.parent)  # 0600
+                try:
+                    os.write(fd, Fernet.generate_key())
+                    os.close(fd)
+                    os.link(temporary, self.path)  # the first worker's key wins; the others read it
+                except FileExistsError:
+                    pass
+                finally:
+                    os.unlink(temporary)
+            self._fernet = Fernet(self.path.read_bytes().strip())
+        return self._fernet
+
+    def seal(self, text: str) -> str:
+        return self._key().encrypt(text.encode("utf-8")).decode("ascii")
+
+    def open(self, token: str) -> str:
+        """The sealed text; ValueError if this server did not seal it, or it was changed."""
+        try:
+            return self._key().decrypt(token.encode("ascii")).decode("utf-8")
+        except (InvalidToken, UnicodeError, ValueError):
+            raise ValueError("not sealed by this server, or changed since") from None

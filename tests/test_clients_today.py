@@ -1,0 +1,174 @@
+"""The fields today's clients send (Codex CLI, Claude Code, agent SDKs), each accepted with a meaning here, through
+real gunicorn on the tiny model; what cannot be honoured is a 400 naming it."""
+
+import base64
+import json
+
+import anthropic
+import openai
+import pytest
+import requests
+
+from .conftest import run_server
+
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.fixture(scope="module")
+def scripted(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("today")
+    script = tmp / "script.txt"
+    script.write_text("")
+    models = {"tiny": {"path": str(tiny_model), "engine": "tests.support.scripted:KIND"}, "real": {"path": str(tiny_model)}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "tiny", "KRONK_TEST_SCRIPT_FILE": str(script)}
+    with run_server(tmp, env) as server:
+        server.say = script.write_text
+        yield server
+
+
+def test_chat_takes_todays_fields(scripted):
+    scripted.say("Sunny.")
+    reply = scripted.post("/v1/chat/completions", {
+        "model": "tiny", "messages": ASK, "verbosity": "low", "prompt_cache_key": "conversation-1",
+        "safety_identifier": "user-1", "reasoning_effort": "xhigh", "web_search_options": {"search_context_size": "low"},
+    })
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == "Sunny."
+    assert reply.headers["Kronk-Tools-Not-Offered"] == "web_search"  # said, never silently dropped
+    assert '"tools_not_offered": ["web_search"]' in scripted.logs()
+
+
+def test_llama_servers_grammar_fields_constrain_the_reply(scripted):
+    common = {"model": "real", "max_tokens": 20, "temperature": 0}
+    chat = scripted.post("/v1/chat/completions", {**common, "messages": ASK, "grammar": 'root ::= "yes" | "no"'})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["content"] in ("yes", "no")
+    completion = scripted.post("/v1/completions", {**common, "prompt": "Answer:", "grammar": 'root ::= [0-9]{3}'})
+    assert completion.status_code == 200, completion.text
+    text = completion.json()["choices"][0]["text"]
+    assert len(text) == 3 and text.isdigit()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    shaped = scripted.post("/v1/chat/completions", {**common, "max_tokens": 30, "messages": ASK, "json_schema": schema})
+    content = shaped.json()["choices"][0]["message"]["content"]
+    assert shaped.json()["choices"][0]["finish_reason"] != "stop" or isinstance(json.loads(content)["ok"], bool)
+    broken = scripted.post("/v1/chat/completions", {**common, "messages": ASK, "grammar": "root ::= (("})
+    assert broken.status_code == 400 and broken.json()["error"]["param"] == "grammar"
+
+
+def test_a_final_assistant_message_is_continued_on_both_apis(scripted):
+    """The Messages API continues a final assistant message; chat does with vLLM's continue_final_message."""
+    prefill = [{"role": "user", "content": "Give it as JSON"}, {"role": "assistant", "content": '{"capital": "'}]
+    scripted.say('Paris"}')
+    client = anthropic.Anthropic(base_url=scripted.url, api_key="unused", max_retries=0)
+    message = client.messages.create(model="tiny", max_tokens=20, messages=prefill)
+    assert message.content[0].text == 'Paris"}'
+    scripted.say('Paris"}')
+    chat = scripted.post("/v1/chat/completions", {"model": "tiny", "messages": prefill, "continue_final_message": True,
+                                                  "add_generation_prompt": False})
+    assert chat.json()["choices"][0]["message"]["content"] == 'Paris"}'
+    closed = scripted.post("/v1/chat/completions", {"model": "tiny", "messages": prefill})
+    continued = chat.json()["usage"]["prompt_tokens"]
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == continued
+    assert closed.json()["usage"]["prompt_tokens"] > continued  # OpenAI's own: the turn is closed, a new one opened
+
+
+def test_anthropic_takes_what_claude_code_sends(scripted):
+    scripted.say("Hi.")
+    body = {
+        "model": "tiny", "max_tokens": 32_000, "stream": False,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "messages": [{"role": "user", "content": "hello"}, {"role": "system", "content": "Keep it short."},
+                     {"role": "user", "content": [{"type": "text", "text": "say hi"}]}],
+        "thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}, "metadata": {"user_id": "u1"},
+        "service_tier": "auto",
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"},
+                                          {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 30000}}]},
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+                  {"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}],
+    }
+    reply = requests.post(scripted.url + "/v1/messages?beta=true", json=body, timeout=60, headers={
+        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
+        "anthropic-version": "2023-06-01"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["content"][-1]["text"] == "Hi." and reply.headers["Kronk-Tools-Not-Offered"] == "web_search"
+
+
+def test_documents_are_read_as_text_and_a_pdf_is_refused_by_name(scripted):
+    scripted.say("Read.")
+    text = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "The sky is green."},
+            "title": "Notes"}
+    encoded = {"type": "document", "source": {"type": "base64", "media_type": "text/plain",
+                                              "data": base64.b64encode(b"Grass is blue.").decode()}}
+    counted = [scripted.post("/v1/messages/count_tokens", {"model": "tiny", "messages": [
+        {"role": "user", "content": content}]}).json()["input_tokens"]
+        for content in ([{"type": "text", "text": "hi"}], [text, encoded, {"type": "text", "text": "hi"}])]
+    assert counted[1] > counted[0] + 8  # the documents are in the prompt
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    refused = scripted.post("/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": [
+        {"role": "user", "content": [pdf]}]})
+    assert refused.status_code == 400 and "application/pdf" in refused.json()["error"]["message"]
+
+
+def test_clear_tool_uses_clears_the_oldest_results():
+    from kronk_wsgi.api.anthropic import CLEARED, CountTokensRequest
+
+    def turn(i):
+        return [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "Read", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "x" * 400}]}]
+
+    messages = [{"role": "user", "content": "go"}] + [m for i in range(5) for m in turn(i)]
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 100}, "keep": {"type": "tool_uses", "value": 2}}
+    request = CountTokensRequest.model_validate({"model": "m", "messages": messages, "context_management": {"edits": [edit]}})
+    results = [m["content"] for m in request.template_messages() if m["role"] == "tool"]
+    assert results == [CLEARED] * 3 + ["x" * 400] * 2
+    untouched = CountTokensRequest.model_validate({"model": "m", "messages": messages})
+    assert all(m["content"] != CLEARED for m in untouched.template_messages())
+
+
+def test_responses_takes_what_codex_sends(scripted):
+    scripted.say("Done.")
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    raw = client.responses.with_raw_response.create(
+        model="tiny", instructions="You are Codex.", input=[{"type": "message", "role": "user",
+                                                             "content": [{"type": "input_text", "text": "fix it"}]}],
+        tools=[{"type": "function", "name": "shell_command", "description": "run", "strict": False,
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
+               {"type": "web_search"}],
+        tool_choice="auto", parallel_tool_calls=False, reasoning={"effort": "medium", "summary": "auto"}, store=False,
+        stream=False, include=["reasoning.encrypted_content"], prompt_cache_key="thread-1",
+        text={"verbosity": "low"}, safety_identifier="s", max_tool_calls=4, truncation="auto",
+    )
+    response = raw.parse()
+    assert raw.headers["Kronk-Tools-Not-Offered"] == "web_search"
+    assert response.output_text == "Done." and response.truncation == "auto" and response.max_tool_calls == 4
+    for reasoning in (None, {}):
+        assert client.responses.create(model="tiny", input="hi", reasoning=reasoning, max_output_tokens=5).status
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="tiny", input="hi", background=True)
+    assert caught.value.body["param"] == "background"
+
+
+def test_max_tool_calls_is_enforced(scripted):
+    scripted.say(CALL + "\n" + CALL.replace("Paris", "Lyon"))
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": False}]
+    both = client.responses.create(model="tiny", input="Weather?", tools=tools, max_output_tokens=200)
+    assert [item.type for item in both.output].count("function_call") == 2
+    scripted.say(CALL + "\n" + CALL.replace("Paris", "Lyon"))
+    one = client.responses.create(model="tiny", input="Weather?", tools=tools, max_output_tokens=200, max_tool_calls=1)
+    assert [item.type for item in one.output].count("function_call") == 1
+
+
+def test_truncation_auto_drops_the_oldest_input_until_it_fits(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": "word " * 400} for i in range(6)]
+    history.append({"role": "user", "content": "And now?"})
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny", input=history, max_output_tokens=5)
+    scripted.say("Now.")
+    fitted = client.responses.create(model="tiny", input=history, max_output_tokens=5, truncation="auto",
+                                     instructions="Be brief.")
+    assert fitted.output_text == "Now." and fitted.usage.input_tokens < 2048

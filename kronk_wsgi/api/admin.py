@@ -13,14 +13,14 @@ import pydantic
 from flask import Blueprint, jsonify
 
 from .. import hub
+from ..serving import offload
 from ..serving.channel import ThreadChannel
-from .errors import ApiError
 from .body import parse_body
+from .errors import ApiError
+from .protocol import Protocol
 from .schemas import Strict
 from .sse import sse
 from .state import state
-from .protocol import Protocol
-from ..serving import offload
 
 bp = Blueprint("admin", __name__)
 PROTOCOL = Protocol("admin", bp, prefixes=("/admin/",))

@@ -12,12 +12,12 @@ from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
-from .protocol import Framing, Protocol
-from .planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
-from .sessions import start_generation, use_model
-from .response import Encoder, respond
 from .body import parse_body
+from .planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
+from .protocol import Framing, Protocol
+from .response import Encoder, respond
 from .schemas import FunctionName, Strict, template_tool, template_tool_call
+from .sessions import start_generation, use_model
 from .sse import sse
 from .state import RequestRecord, record
 

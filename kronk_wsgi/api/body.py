@@ -8,9 +8,9 @@ import pydantic
 from flask import request
 from pydantic import BaseModel
 
+from ..serving import offload
 from .errors import ApiError, invalid
 from .state import state
-from ..serving import offload
 
 M = TypeVar("M", bound=BaseModel)
 

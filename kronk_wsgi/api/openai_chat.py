@@ -9,13 +9,13 @@ from flask import Blueprint
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
 )
-from .response import Encoder, respond
 from .body import parse_body
+from .protocol import Protocol
+from .response import Encoder, respond
 from .schemas import ChatCompletionRequest
 from .sessions import start_generation
 from .sse import DONE, sse
 from .state import record
-from .protocol import Protocol
 
 bp = Blueprint("openai_chat", __name__)
 PROTOCOL = Protocol("openai_chat", bp, prefixes=("/v1/chat/",))

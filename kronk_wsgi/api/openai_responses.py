@@ -12,22 +12,23 @@ from flask import Blueprint, jsonify
 from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
+from ..serving import offload
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
 from .body import parse_body
 from .errors import ApiError, invalid
-from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
-from .sessions import start_generation
 from .openai_chat import logprob_content
+from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from .protocol import Protocol
 from .response import Encoder, respond
 from .schemas import (
-    FunctionName, Metadata, ReasoningEffort, SchemaName, ServiceTier, Strict, User, json_object, template_role, template_tool, template_tool_call,
+    FunctionName, Metadata, ReasoningEffort, SchemaName, ServiceTier, Strict, User, json_object, template_role,
+    template_tool, template_tool_call,
 )
+from .sessions import start_generation
 from .sse import sse
 from .state import record, state
-from .protocol import Protocol
-from ..serving import offload
 
 bp = Blueprint("openai_responses", __name__)
 PROTOCOL = Protocol("openai_responses", bp, prefixes=("/v1/responses",))
@@ -163,7 +164,7 @@ class ReasoningConfig(Strict):
 
 
 class StreamOptions(Strict):
-    include_obfuscation: Optional[bool] = None  # no obfuscation padding: a local stream has no one to hide its size from
+    include_obfuscation: Optional[bool] = None  # no padding: a local stream has no one to hide its size from
 
 
 class NamedFunction(Strict):
@@ -547,7 +548,8 @@ class ResponsesEncoder(Encoder):
         yield from self._close_message("completed")
         self.take_logprobs()  # the call's own tokens: only output text lists its tokens
         index, item_id = len(self.output), "fc_" + event.id
-        yield self._event("response.output_item.added", output_index=index, item=_call_item(event, "", "in_progress", self.namespaces.get(event.name)))
+        added = _call_item(event, "", "in_progress", self.namespaces.get(event.name))
+        yield self._event("response.output_item.added", output_index=index, item=added)
         yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
                           delta=event.arguments)
         yield self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,

@@ -16,12 +16,12 @@ from ..engine.chat_template import ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
 from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
 from ..engine.sampling import SamplingParams
+from ..serving import offload
 from ..serving.jobs import EmbeddingJob, GenerationJob, ReplyReading
 from ..serving.pool import LoadedModel
 from ..serving.reasoning import opens_thinking, reasoning_of
 from ..serving.tool_calls import ToolCallRules, call_grammar, forced_opening, syntax_of
 from .errors import ApiError, invalid
-from ..serving import offload
 
 JSON_OBJECT = {"type": "object"}
 MAX_CHOICES = 16  # choices (prompts times n) in one request

@@ -14,6 +14,7 @@ from typing import Iterator
 
 from flask import Response
 
+from ..serving import offload
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall,
     coalesce,
@@ -23,7 +24,6 @@ from .errors import ApiError
 from .protocol import Protocol
 from .sse import compact_json
 from .state import record, state
-from ..serving import offload
 
 # The status of an answer that is not streamed, by how its generation failed.
 FAILURE_STATUS = {"timeout": 504, "shutdown": 503}

@@ -8,8 +8,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
 from .errors import model_not_found
-from .state import state
 from .protocol import Protocol
+from .state import state
 
 bp = Blueprint("service", __name__)
 PROTOCOL = Protocol("service", bp, prefixes=("/v1/models", "/v1/liveness", "/v1/readiness", "/metrics"))

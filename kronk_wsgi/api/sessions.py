@@ -11,6 +11,7 @@ from typing import Callable, Iterator, Sequence
 
 import flask
 
+from ..serving import offload
 from ..serving.drain import ShuttingDown
 from ..serving.jobs import Job
 from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, NeverFits, NoRoom, Overloaded
@@ -19,7 +20,6 @@ from .client import client_watch
 from .errors import ApiError, invalid, model_not_found
 from .planning import GenerationRequest, Prompt, check, plan, plan_embedding
 from .state import record, state
-from ..serving import offload
 
 
 @contextlib.contextmanager

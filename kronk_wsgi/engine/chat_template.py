@@ -264,7 +264,9 @@ class ChatTemplate:
     @property
     def tool_rendering(self) -> str:
         """How tools reach the model: through the template, or written into the messages."""
-        return "the chat template" if self.renders_tools else "built-in Hermes text (<tool_call>), the template has none"
+        if self.renders_tools:
+            return "the chat template"
+        return "built-in Hermes text (<tool_call>), the template has none"
 
     def render(
         self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None, thinking: Optional[bool] = None,

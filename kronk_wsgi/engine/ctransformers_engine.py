@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-from ctransformers.llm import LLM, Config
+import pydantic
 from ctransformers.lib import find_library
+from ctransformers.llm import LLM, Config
 
 from ..config import cache_dir
-import pydantic
-
 from .base import DEFAULT_CONTEXT_LENGTH, Engine, EngineError, EngineKind, EngineOptions, Fit, Slot
 from .ctransformers_files import check, compatible_file
 from .gguf_file import is_gguf, read_gguf

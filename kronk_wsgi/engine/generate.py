@@ -82,7 +82,8 @@ class DecodeOptions:
     """How a reply is decoded, the same for each reply of a request.
 
     Decoding stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
-    which never reach the text, and at any of ``end_texts``, which do not either; other control tokens add no text either,
+    which never reach the text, and at any of ``end_texts``, which do not
+    either; other control tokens add no text either,
     except those in ``shown`` (a tag a parser reads that is a control token).
     With a ``grammar`` only tokens it allows are sampled, and decoding stops
     when it is complete; with ``constrain_after`` too, the constraint starts

@@ -25,8 +25,8 @@ from ..describe import footprint
 from ..engine.base import Engine, EngineError, Slot, shared_prefix
 from ..engine.chat_template import ChatTemplate
 from ..metrics import Metrics
-from .drain import Drain, ShuttingDown
 from . import offload
+from .drain import Drain, ShuttingDown
 
 log = structlog.get_logger("kronk_wsgi.pool")
 

@@ -1,4 +1,4 @@
-"""Running a real kronk-wsgi server and fetching the real test model: for the tests, the benchmarks, and an app's own tests.
+"""Running a real kronk-wsgi server and fetching real test models: for the tests, the benchmarks, an app's own tests.
 
 Needs the ``test`` extra (requests). ``storm`` and ``rawhttp`` are load and
 stream probes built on it.

@@ -21,7 +21,7 @@ from .state import RequestRecord, api_path, state
 
 log = structlog.get_logger("kronk_wsgi.http")
 
-OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics")
+OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics", "/health")  # probes need no key
 CONSOLE_PATH = "/console"  # static pages: the console asks for a key itself
 
 

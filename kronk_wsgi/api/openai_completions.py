@@ -33,6 +33,8 @@ class CompletionRequest(SamplingFields):
     model: str
     prompt: Union[str, Tokens, Annotated[list[str], Field(min_length=1)], Annotated[list[Tokens], Field(min_length=1)]]
     max_tokens: Optional[Annotated[int, Field(ge=1)]] = 16
+    max_completion_tokens: Optional[Annotated[int, Field(ge=1)]] = None  # what the SGLang gateway renames it to
+    continue_final_message: Literal[False] = False  # the gateway writes it here too; a prompt is always continued
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     echo: Literal[False] = False
@@ -63,7 +65,8 @@ class CompletionRequest(SamplingFields):
         """What the body asks for, as the planner takes it."""
         return GenerationRequest(
             self.model, prompt_param="prompt", prompts=self.prompts(), n=self.n, sampling=self.sampling(),
-            stop=self.stop_sequences(), max_tokens=self.max_tokens, top_logprobs=self.logprobs,
+            stop=self.stop_sequences(), max_tokens=self.max_completion_tokens or self.max_tokens,
+            top_logprobs=self.logprobs, ignore_eos=self.ignore_eos,
             reply_format=grammar_fields(self.grammar, self.json_schema),
         )
 

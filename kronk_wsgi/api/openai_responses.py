@@ -228,6 +228,11 @@ class ResponsesRequest(Strict):
     safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
     client_metadata: Optional[dict[str, Any]] = None
     background: Literal[False] = False  # a background response (polled later) is not supported
+    # What the SGLang gateway writes into a Responses body: taken at these values (top_k -1 is off)
+    priority: Optional[int] = None  # one queue here: every request is served in turn
+    top_k: Literal[-1, 0] = -1
+    min_p: Annotated[float, Field(ge=0, le=0)] = 0.0
+    repetition_penalty: Annotated[float, Field(ge=1, le=1)] = 1.0
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ResponsesRequest":

@@ -98,6 +98,7 @@ class GenerationRequest:
     max_tokens_param: str = "max_tokens"
     top_logprobs: Optional[int] = None
     not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run (said, not hidden)
+    ignore_eos: bool = False  # the reply goes on past end tokens, to max_tokens (SGLang's and vLLM's field)
 
     @property
     def calls_tools(self) -> bool:
@@ -175,7 +176,8 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     token_lists = [_prompt_tokens(model, text, after_prompt, request) for text in texts]
     room = model.engine.context_length - max(map(len, token_lists))
     decode = DecodeOptions(
-        end_ids=model.end_ids, end_texts=model.end_texts,
+        end_ids=frozenset() if request.ignore_eos else model.end_ids,
+        end_texts=() if request.ignore_eos else model.end_texts,
         max_tokens=min(request.max_tokens or room, room),  # clamped to what fits, as llama-server and Ollama do
         sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),
         grammar=_grammar(model, grammar_text, request), constrain_after=grammar_after,

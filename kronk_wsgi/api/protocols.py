@@ -5,7 +5,8 @@ and one line here.
 """
 
 from . import (
-    admin, anthropic, console, openai_chat, openai_completions, openai_embeddings, openai_responses, service, tokens,
+    admin, anthropic, console, openai_chat, openai_completions, openai_embeddings, openai_responses, service, sglang,
+    tokens,
 )
 from .protocol import Protocols
 
@@ -19,4 +20,5 @@ PROTOCOLS = Protocols([
     anthropic.PROTOCOL,
     admin.PROTOCOL,
     console.PROTOCOL,
+    sglang.PROTOCOL,
 ])

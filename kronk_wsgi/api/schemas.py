@@ -143,6 +143,14 @@ class SamplingFields(Strict):
     stop: Union[str, Annotated[list[str], Field(max_length=4)], None] = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     user: Optional[User] = None
+    # The SGLang gateway's own fields, which it writes into every body it routes: taken at their defaults,
+    # ignore_eos honoured, and any other value that would change the answer refused by name.
+    ignore_eos: bool = False
+    no_stop_trim: Literal[False] = False
+    skip_special_tokens: Literal[True] = True
+    separate_reasoning: Literal[True] = True
+    stream_reasoning: Literal[True] = True
+    return_hidden_states: Literal[False] = False
 
     def sampling(self) -> SamplingParams:
         """The sampling fields; a logit bias's token ids are checked against the model's vocabulary when planned."""
@@ -280,7 +288,7 @@ class ChatCompletionRequest(SamplingFields):
             sampling=self.sampling(), stop=self.stop_sequences(),
             max_tokens=self.max_completion_tokens or self.max_tokens,
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
-            top_logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            top_logprobs=(self.top_logprobs or 0) if self.logprobs else None, ignore_eos=self.ignore_eos,
             not_offered=("web_search",) if self.web_search_options is not None else (),
         )
 

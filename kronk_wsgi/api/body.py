@@ -101,32 +101,27 @@ def _check_values(data: Any, limit: int) -> None:
                            code="request_too_large")
         if isinstance(value, dict):
             for key, item in value.items():
-                _check_text(key, place)
+                _check_text(key, place, data)
                 pending.append((item, (place, key)))
         elif isinstance(value, list):
             pending.extend((item, (place, index)) for index, item in enumerate(value))
         elif isinstance(value, str):
-            _check_text(value, place)
+            _check_text(value, place, data)
 
 
-def _check_text(text: str, place: Optional[tuple]) -> None:
+def _check_text(text: str, place: Optional[tuple], data: Any) -> None:
     if text.isascii():
         return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        param = _place_name(place)
+        loc: tuple = ()
+        while place is not None:
+            place, key = place
+            loc = (key, *loc)
+        param = _param(data, loc, missing=False)
         raise invalid(f"{param or 'the body'}: a string holds a lone surrogate, which is not text",
                       param=param) from None
-
-
-def _place_name(place: Optional[tuple]) -> Optional[str]:
-    """A value's place in the body as OpenAI's param string: messages[0].content."""
-    parts = []
-    while place is not None:
-        place, key = place
-        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
-    return "".join(reversed(parts)).lstrip(".") or None
 
 
 def _decode(schema: Type[M], body: bytes, max_values: int) -> M:

@@ -75,23 +75,16 @@ class PullRequest(Strict):
     file: Optional[str] = None  # a file name or a quantization; may be left out if the repository has one GGUF file
     revision: Optional[str] = None
 
-    @pydantic.field_validator("revision")
+    @pydantic.field_validator("revision", "file")
     @classmethod
-    def _revision(cls, revision: Optional[str]) -> Optional[str]:
+    def _inside_the_cache(cls, value: Optional[str], info: pydantic.ValidationInfo) -> Optional[str]:
+        """A revision must be a git name and a file a repository path: both become paths in the hub's cache."""
+        check = hub.check_revision if info.field_name == "revision" else hub.check_filename
         try:
-            hub.check_revision(revision)
+            check(value)
         except hub.HubError as exc:
             raise ValueError(str(exc)) from None
-        return revision
-
-    @pydantic.field_validator("file")
-    @classmethod
-    def _file(cls, file: Optional[str]) -> Optional[str]:
-        try:
-            hub.check_filename(file)
-        except hub.HubError as exc:
-            raise ValueError(str(exc)) from None
-        return file
+        return value
 
 
 @bp.post("/admin/pull")

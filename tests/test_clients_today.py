@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from .conftest import run_server
+from .support.scripted import run_scripted
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -19,13 +19,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "requir
 
 @pytest.fixture(scope="module")
 def scripted(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("today")
-    script = tmp / "script.txt"
-    script.write_text("")
     models = {"tiny": {"path": str(tiny_model), "engine": "tests.support.scripted:KIND"}, "real": {"path": str(tiny_model)}}
-    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "tiny", "KRONK_TEST_SCRIPT_FILE": str(script)}
-    with run_server(tmp, env) as server:
-        server.say = script.write_text
+    with run_scripted(tmp_path_factory.mktemp("today"), models, "tiny") as server:
         yield server
 
 

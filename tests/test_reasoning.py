@@ -14,7 +14,7 @@ import pytest
 from kronk_wsgi.serving.events import ReasoningDelta, TextDelta
 from kronk_wsgi.serving.reasoning import SYNTAXES, ReasoningSplitter, opens_thinking, reasoning_of
 
-from .conftest import run_server
+from .support.scripted import run_scripted
 
 THINK = SYNTAXES[0]
 # ChatML whose generation prompt opens the thinking block, unless thinking is switched off (as Qwen3's does).
@@ -62,15 +62,10 @@ def test_templates_name_their_tags():
 
 @pytest.fixture(scope="module")
 def thinker(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("thinker")
-    script = tmp / "script.txt"
-    script.write_text("")
     engine = "tests.support.scripted:KIND"
     models = {"opens": {"path": str(tiny_model), "engine": engine, "chat_template": OPENS_THINKING},
               "writes": {"path": str(tiny_model), "engine": engine, "chat_template": WRITES_THINKING}}
-    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "opens", "KRONK_TEST_SCRIPT_FILE": str(script)}
-    with run_server(tmp, env) as server:
-        server.say = script.write_text
+    with run_scripted(tmp_path_factory.mktemp("thinker"), models, "opens") as server:
         yield server
 
 

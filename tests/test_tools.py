@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from .conftest import run_server
+from .support.scripted import run_scripted
 from kronk_wsgi.testing.rawhttp import RawStream
 
 SCRIPTED = "tests.support.scripted:KIND"
@@ -26,21 +26,16 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest.fixture(scope="module")
 def scripted(tiny_model, tmp_path_factory):
     """The scripted model "tiny", and "plain": the same with a template that renders no tools."""
-    tmp = tmp_path_factory.mktemp("scripted")
-    script = tmp / "script.txt"
-    script.write_text("")
     models = {"tiny": {"path": str(tiny_model), "engine": SCRIPTED},
               "plain": {"path": str(tiny_model), "engine": SCRIPTED, "chat_template": "plain"}}
-    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "tiny", "KRONK_TEST_SCRIPT_FILE": str(script)}
-    with run_server(tmp, env) as server:
-        server.script = script
+    with run_scripted(tmp_path_factory.mktemp("scripted"), models, "tiny") as server:
         yield server
 
 
 @pytest.fixture
 def say(scripted):
     """Set what the scripted model writes next."""
-    return scripted.script.write_text
+    return scripted.say
 
 
 @pytest.fixture

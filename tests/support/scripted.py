@@ -10,14 +10,18 @@ Tokenizing, prefill, decoding and detokenizing stay the real engine's. Used
 to make the model write tool calls, which a random tiny model never does.
 """
 
+import contextlib
 import dataclasses
+import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from kronk_wsgi.engine import ctransformers_engine
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine, CTransformersSlot
+from kronk_wsgi.testing import Server, run_server
 
 FREE = "<<free>>"
 ENDLESS = "<<endless>>"
@@ -65,3 +69,16 @@ class ScriptedEngine(CTransformersEngine):
 
 
 KIND = dataclasses.replace(ctransformers_engine.KIND, name="scripted", engine=ScriptedEngine)
+
+
+@contextlib.contextmanager
+def run_scripted(tmp: Path, models: dict, default_model: str) -> Iterator[Server]:
+    """A server of ``models`` (each given "engine": this module's KIND to follow the script) whose
+    ``say(text)`` sets what the scripted models write next."""
+    script = tmp / "script.txt"
+    script.write_text("")
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": default_model,
+           "KRONK_TEST_SCRIPT_FILE": str(script)}
+    with run_server(tmp, env) as server:
+        server.say = script.write_text
+        yield server

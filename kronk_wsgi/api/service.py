@@ -45,18 +45,28 @@ def liveness():
     return jsonify({"status": "ok", "version": __version__, "host": socket.gethostname(), "pid": os.getpid()})
 
 
+def readiness_status() -> str:
+    """"ready" once the default model has loaded; else "draining", "failed" or "loading"."""
+    kronk = state()
+    default = kronk.settings.default_model
+    if kronk.pool.drain.started:
+        return "draining"
+    if default in kronk.pool.loaded_once:  # loaded at start; unloading it later to make room is no failure
+        return "ready"
+    return "failed" if default in kronk.pool.load_errors else "loading"
+
+
 @bp.get("/v1/readiness")
 def readiness():
     """503 until the default model is loaded, and from the moment the worker starts shutting down."""
     kronk = state()
     default = kronk.settings.default_model
-    if kronk.pool.drain.started:
-        return jsonify({"status": "draining", "default_model": default}), 503
-    if default in kronk.pool.loaded_once:  # loaded at start; unloading it later to make room is no failure
-        return jsonify({"status": "ready", "default_model": default})
-    error = kronk.pool.load_errors.get(default)
-    body = {"status": "failed" if error else "loading", "default_model": default, "error": error}
-    return jsonify(body), 503
+    status = readiness_status()
+    if status == "ready":
+        return jsonify({"status": status, "default_model": default})
+    if status == "draining":
+        return jsonify({"status": status, "default_model": default}), 503
+    return jsonify({"status": status, "default_model": default, "error": kronk.pool.load_errors.get(default)}), 503
 
 
 @bp.get("/metrics")

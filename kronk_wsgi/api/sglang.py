@@ -14,6 +14,7 @@ from ..config import ModelSpec
 from ..describe import summary
 from ..serving import offload
 from .protocol import Protocol
+from .service import readiness_status
 from .state import state
 
 bp = Blueprint("sglang", __name__)
@@ -24,9 +25,8 @@ PROTOCOL = Protocol("sglang", bp, prefixes=("/health", "/server_info", "/get_ser
 @bp.get("/health")
 def health():
     """200 once the default model is loaded; 503 while it loads, after it failed, and while the server drains."""
-    kronk = state()
-    ready = kronk.settings.default_model in kronk.pool.loaded_once and not kronk.pool.drain.started
-    return jsonify({"status": "ready" if ready else "unavailable"}), 200 if ready else 503
+    status = readiness_status()
+    return jsonify({"status": status}), 200 if status == "ready" else 503
 
 
 def _model_path() -> str:

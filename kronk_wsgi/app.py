@@ -10,7 +10,7 @@ from flask_cors import CORS
 from gevent.threadpool import ThreadPool
 from werkzeug.exceptions import HTTPException
 
-from .api import hooks
+from .api import hooks, ollama
 from .api.errors import ApiError
 from .api.protocols import PROTOCOLS
 from .api.response_store import ResponseStore
@@ -34,11 +34,13 @@ class Kronk:
     (``/v1/...`` by default; ``"/llm"`` gives ``/llm/v1/...``).
     """
 
-    def __init__(self, app: Optional[Flask] = None, url_prefix: str = "") -> None:
+    def __init__(self, app: Optional[Flask] = None, url_prefix: str = "", serve_root: Optional[bool] = None) -> None:
         if app is not None:
-            self.init_app(app, url_prefix)
+            self.init_app(app, url_prefix, serve_root)
 
-    def init_app(self, app: Flask, url_prefix: str = "") -> None:
+    def init_app(self, app: Flask, url_prefix: str = "", serve_root: Optional[bool] = None) -> None:
+        """``serve_root``: answer Ollama's probe at the prefix's root (``GET /``: "Ollama is running"); by
+        default only below a url_prefix, so a host app's own ``/`` stays its own."""
         if "kronk" in app.extensions:
             raise RuntimeError("kronk_wsgi is already initialized on this app; call init_app once per app")
         for name in FIELDS:
@@ -59,6 +61,8 @@ class Kronk:
         api = Blueprint("kronk", __name__)
         for protocol in PROTOCOLS.all:
             api.register_blueprint(protocol.blueprint)
+        if serve_root if serve_root is not None else bool(prefix):
+            api.add_url_rule("/", "ollama_running", ollama.running, methods=["GET", "HEAD"])
         hooks.install(api)
         if settings.cors_origins:
             CORS(api, origins=settings.cors_origins, expose_headers=["X-Request-ID", "request-id"], max_age=600)
@@ -81,7 +85,7 @@ def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:
     app = Flask("kronk_wsgi")
     app.config.update(read_config())
     app.config.update(config or {})
-    Kronk(app)
+    Kronk(app, serve_root=True)
     # The standalone server is all API: paths outside kronk_wsgi's routes answer in JSON too.
     app.register_error_handler(
         HTTPException, lambda exc: PROTOCOLS.for_path(request.path).error_response(ApiError.from_http(exc)))

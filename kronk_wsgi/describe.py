@@ -1,8 +1,10 @@
 """What a model file holds and takes: its memory footprint, and a description a user reads before serving it."""
 
+import dataclasses
+import functools
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import gguf
 
@@ -31,6 +33,41 @@ def footprint(path: Path, context_length: Optional[int], slots: int) -> int:
     model = read_gguf(path)
     context = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
     return size + slots * kv_cache_bytes(model, context)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What a model file says about itself, read without loading it."""
+
+    architecture: str
+    parameters: int
+    quantization: str
+    context_length: Optional[int]  # as trained
+    control: frozenset[str]  # the vocabulary's control tokens
+    chat_template: Optional[str]  # the file's own
+    metadata: dict[str, Any]  # every metadata key with its value; an array as a list
+
+    def template_source(self, configured: Optional[str]) -> str:
+        """The chat template a model of this file is served with (see ChatTemplate.for_model)."""
+        source = configured or self.chat_template or template_for_vocabulary(self.control)
+        return BUILTIN_TEMPLATES.get(source, source)
+
+
+def model_facts(path: Path) -> ModelFacts:
+    """The facts of a GGUF file, read once while it stays the same (BadModelFile, OSError)."""
+    stat = path.stat()
+    return _facts(path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
+    model = read_gguf(path)
+    metadata = {key: field.value.tolist() if hasattr(field.value, "tolist") else field.value
+                for key, field in model.fields.items()}
+    return ModelFacts(
+        model.architecture, sum(t.n_elements for t in model.tensors), _file_type_name(model.get("general.file_type")),
+        model.context_length, frozenset(GGUFTokenizer(model).control), model.chat_template, metadata,
+    )
 
 
 def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str, str]]:

@@ -81,7 +81,7 @@ def offline() -> bool:
     return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
-def _matches(filename: str, quant: str) -> bool:
+def matches_quant(filename: str, quant: str) -> bool:
     """Whether a file name carries the quantization ``quant`` (Q4_K_M, q8_0, ...) as a word of its own."""
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9])", Path(filename).stem, re.IGNORECASE) is not None
 
@@ -106,7 +106,7 @@ def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optiona
                 raise HubError(f"cannot list the files of {repo_id}: {exc}") from None
             names = cached  # a hub that cannot be reached does not keep a cached model from serving
     ggufs = [n for n in names if n.endswith(".gguf")]
-    chosen = [n for n in ggufs if file_or_quant is None or _matches(n, file_or_quant)]
+    chosen = [n for n in ggufs if file_or_quant is None or matches_quant(n, file_or_quant)]
     if len(chosen) == 1:
         return chosen[0]
     what = f"quantization {file_or_quant!r}" if file_or_quant else "a file name or quantization"
@@ -198,7 +198,7 @@ def cached_path(repo_id: str, file_or_quant: Optional[str] = None) -> Optional[P
     """The cached GGUF file of ``repo_id`` that ``file_or_quant`` names (newest revision), without asking the hub."""
     files = [f for f in cached_files() if f.repo_id == repo_id]
     for file in files:
-        if file_or_quant is None or file.filename == file_or_quant or _matches(file.filename, file_or_quant):
+        if file_or_quant is None or file.filename == file_or_quant or matches_quant(file.filename, file_or_quant):
             return file.path
     return None
 

@@ -8,13 +8,11 @@ the rest of a server without authentication.
 import time
 from typing import Iterator, Optional
 
-import gevent
 import pydantic
 from flask import Blueprint, jsonify
 
 from .. import hub
-from ..serving import offload
-from ..serving.channel import ThreadChannel
+from . import pulling
 from .body import parse_body
 from .errors import ApiError
 from .protocol import Protocol
@@ -24,8 +22,6 @@ from .state import state
 
 bp = Blueprint("admin", __name__)
 PROTOCOL = Protocol("admin", bp, prefixes=("/admin/",))
-
-PROGRESS_INTERVAL = 0.25  # seconds between two progress events of a pull
 
 
 def _model_row(model_id: str) -> dict:
@@ -97,46 +93,22 @@ def pull():
     the download: it finishes in the background.
     """
     body = parse_body(PullRequest)
-    threads = gevent.get_hub().threadpool
     try:
-        filename = offload.call(threads, hub.resolve, body.repo_id, body.file, body.revision)
+        filename = pulling.resolve(body.repo_id, body.file, body.revision)
     except hub.HubError as exc:
         raise ApiError(400, str(exc), code="pull_failed", param="file") from None
-    channel = ThreadChannel()
-
-    def download() -> None:
-        try:
-            path = hub.pull(body.repo_id, filename, body.revision,
-                            progress=lambda done, total: channel.put(("progress", done, total)))
-            channel.put(("done", str(path), path.stat().st_size))
-        except hub.HubError as exc:
-            channel.put(("error", str(exc)))
-
-    worker = threads.spawn(download)
-    worker.rawlink(lambda _: channel.close())
-    return PROTOCOL.stream(_pull_frames(channel, body.repo_id, filename, state().settings.keepalive_interval))
+    news = pulling.pull(body.repo_id, filename, body.revision, state().settings.keepalive_interval)
+    return PROTOCOL.stream(_pull_frames(news, body.repo_id, filename))
 
 
-def _pull_frames(channel: ThreadChannel, repo_id: str, filename: str, keepalive: float) -> Iterator[str]:
+def _pull_frames(news: Iterator[pulling.News], repo_id: str, filename: str) -> Iterator[str]:
     yield sse({"repo_id": repo_id, "file": filename}, "start")
-    sent = quiet_since = time.monotonic()
-    while True:
-        # A short wait: the channel closes when the download ends, and may miss its last wake-up.
-        items = channel.take_all(PROGRESS_INTERVAL)
-        now = time.monotonic()
-        if not items:
-            if now - quiet_since >= keepalive:
-                quiet_since = now
-                yield PROTOCOL.framing.keepalive
-            continue
-        last = items[-1]
-        if last[0] == "done":
-            yield sse({"path": last[1], "size": last[2]}, "done")
-            return
-        if last[0] == "error":
-            yield sse({"error": {"message": last[1], "type": "pull_failed"}}, "error")
-            return
-        if now - sent >= PROGRESS_INTERVAL:
-            sent = quiet_since = now
-            _, done, total = last
-            yield sse({"done": done, "total": total}, "progress")
+    for item in news:
+        if isinstance(item, pulling.Progress):
+            yield sse({"done": item.done, "total": item.total}, "progress")
+        elif isinstance(item, pulling.Pulled):
+            yield sse({"path": item.path, "size": item.size}, "done")
+        elif isinstance(item, pulling.PullFailed):
+            yield sse({"error": {"message": item.message, "type": "pull_failed"}}, "error")
+        else:
+            yield PROTOCOL.framing.keepalive

@@ -21,7 +21,9 @@ from .state import RequestRecord, api_path, state
 
 log = structlog.get_logger("kronk_wsgi.http")
 
-OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics", "/health")  # probes need no key
+OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics", "/health", "/")  # probes need no key
+# What changes the models on disk, as the admin API does: behind the admin keys.
+ADMIN_PATHS = ("/admin/", "/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/push", "/api/blobs/")
 CONSOLE_PATH = "/console"  # static pages: the console asks for a key itself
 
 
@@ -48,7 +50,7 @@ def _check_auth() -> None:
     # A browser's CORS preflight never carries a key: it asks whether the real request may be sent.
     if path in OPEN_PATHS or path.startswith(CONSOLE_PATH) or request.method == "OPTIONS":
         return
-    if path.startswith("/admin/"):
+    if path.startswith(ADMIN_PATHS):
         if not settings.admin_keys and settings.api_keys:
             raise ApiError(403, "the admin API is closed: this server has API keys but no admin keys (admin_keys)",
                            code="admin_closed")
@@ -162,7 +164,7 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 def _unknown_route(rest: str):
-    """Any other path under /v1: 405 if a route takes it with another method, else 404, in the API's error shape."""
+    """Any other path under /v1, /admin or /api: 405 if a route takes it with another method, else 404, in the API's error shape."""
     adapter = current_app.url_map.bind_to_environ(request.environ)
     allowed = []
     for method in _METHODS:
@@ -178,7 +180,7 @@ def _unknown_route(rest: str):
 
 
 def install(bp: Blueprint) -> None:
-    """Wire the onion into kronk_wsgi's blueprint: its requests, its errors, its unknown /v1 paths."""
+    """Wire the onion into kronk_wsgi's blueprint: its requests, its errors, its unknown API paths."""
     bp.before_request(_start)
     bp.after_request(_finish)
     bp.teardown_request(_close_session)
@@ -191,3 +193,4 @@ def install(bp: Blueprint) -> None:
     bp.register_error_handler(Exception, _unexpected)
     bp.add_url_rule("/v1/<path:rest>", "unknown_route", _unknown_route, methods=_METHODS)
     bp.add_url_rule("/admin/<path:rest>", "unknown_admin_route", _unknown_route, methods=_METHODS)
+    bp.add_url_rule("/api/<path:rest>", "unknown_ollama_route", _unknown_route, methods=_METHODS)

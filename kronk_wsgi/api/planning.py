@@ -99,6 +99,8 @@ class GenerationRequest:
     top_logprobs: Optional[int] = None
     not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run (said, not hidden)
     ignore_eos: bool = False  # the reply goes on past end tokens, to max_tokens (SGLang's and vLLM's field)
+    context: Optional[int] = None  # a smaller context window than the model's, prompt and reply (Ollama's num_ctx)
+    context_param: str = "num_ctx"
 
     @property
     def calls_tools(self) -> bool:
@@ -173,8 +175,9 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     if reading.inside_thinking and reading.reply_start:  # a forced call comes after the thinking: left empty
         after_prompt = reading.reasoning.close + "\n\n" + reading.reply_start
         reading = dataclasses.replace(reading, inside_thinking=False)
-    token_lists = [_prompt_tokens(model, text, after_prompt, request) for text in texts]
-    room = model.engine.context_length - max(map(len, token_lists))
+    context = _context(model, request)
+    token_lists = [_prompt_tokens(model, context, text, after_prompt, request) for text in texts]
+    room = context - max(map(len, token_lists))
     decode = DecodeOptions(
         end_ids=frozenset() if request.ignore_eos else model.end_ids,
         end_texts=() if request.ignore_eos else model.end_texts,
@@ -187,15 +190,18 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     return GenerationJob(token_lists, request.n, tokenizer, decode, reading)
 
 
-def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str) -> EmbeddingJob:
-    """The job that embeds each input on ``model``; 400 if one does not fit its context."""
+def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> EmbeddingJob:
+    """The job that embeds each input on ``model``; 400 if one does not fit its context, unless ``truncate``
+    keeps the tokens that fit."""
     context = model.engine.context_length
     token_lists = []
     for index, given in enumerate(inputs):
-        if isinstance(given, str) and model.engine.tokenizer.fewest_tokens(given) > context:
+        if isinstance(given, str) and not truncate and model.engine.tokenizer.fewest_tokens(given) > context:
             raise invalid(f"input {index} cannot fit this model's context of {context} tokens",
                           param=param, code="context_length_exceeded")
         tokens = model.tokenize(given) if isinstance(given, str) else _known_ids(model, given, param)
+        if truncate:
+            tokens = tokens[:context]
         if len(tokens) > context:
             raise invalid(f"input {index} has {len(tokens)} tokens; this model's context is {context}",
                           param=param, code="context_length_exceeded")
@@ -265,10 +271,20 @@ def _sampling(model: LoadedModel, sampling: SamplingParams) -> SamplingParams:
     return sampling
 
 
-def _prompt_tokens(model: LoadedModel, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,
+def _context(model: LoadedModel, request: GenerationRequest) -> int:
+    """The context window the request is served in: the model's, or the smaller one it asked for; 400 if larger."""
+    loaded = model.engine.context_length
+    if request.context is None:
+        return loaded
+    if request.context > loaded:
+        raise invalid(f"{request.context_param} {request.context} is larger than this model's loaded context of "
+                      f"{loaded} tokens; raise its context_length in the configuration", param=request.context_param)
+    return request.context
+
+
+def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,
                    request: GenerationRequest) -> list[int]:
     """One prompt's tokens, ``after_prompt`` text included; 400 if it leaves no room for a token of the reply."""
-    context = model.engine.context_length
     param = request.prompt_param
     if isinstance(prompt, list):
         tokens = _known_ids(model, prompt, param)
@@ -277,11 +293,11 @@ def _prompt_tokens(model: LoadedModel, prompt: Union[Prompt, RenderedPrompt], af
         full = rendered.text + after_prompt
         fewest = model.engine.tokenizer.fewest_tokens(full.replace(rendered.inert, "") if rendered.inert else full)
         if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
-            raise invalid(f"this model's context is {context} tokens; the prompt has at least {fewest} tokens",
+            raise invalid(f"the context is {context} tokens; the prompt has at least {fewest} tokens",
                           param=param, code="context_length_exceeded")
         tokens = model.tokenize(full, inert=rendered.inert)
     if len(tokens) >= context:
-        raise invalid(f"this model's context is {context} tokens; the prompt has {len(tokens)} tokens",
+        raise invalid(f"the context is {context} tokens; the prompt has {len(tokens)} tokens",
                       param=param, code="context_length_exceeded")
     return tokens
 

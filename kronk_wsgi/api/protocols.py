@@ -5,7 +5,7 @@ and one line here.
 """
 
 from . import (
-    admin, anthropic, console, openai_chat, openai_completions, openai_embeddings, openai_responses, service, sglang,
+    admin, anthropic, console, ollama, openai_chat, openai_completions, openai_embeddings, openai_responses, service, sglang,
     tokens,
 )
 from .protocol import Protocols
@@ -21,4 +21,5 @@ PROTOCOLS = Protocols([
     admin.PROTOCOL,
     console.PROTOCOL,
     sglang.PROTOCOL,
+    ollama.PROTOCOL,
 ])

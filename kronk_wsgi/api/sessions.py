@@ -33,7 +33,9 @@ def use_model(model_id: str) -> Iterator[LoadedModel]:
     """
     if model_id not in state().settings.models:
         raise model_not_found(model_id)
-    record().model = model_id
+    rec = record()
+    rec.model = model_id
+    asked = time.monotonic()
     try:
         model = state().pool.get(model_id)
     except ModelUnavailable as exc:
@@ -42,6 +44,7 @@ def use_model(model_id: str) -> Iterator[LoadedModel]:
         raise ApiError(503, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
     except NeverFits as exc:
         raise invalid(str(exc), param="model", code="model_too_large") from None
+    rec.load_seconds = time.monotonic() - asked
     try:
         yield model
     finally:
@@ -55,9 +58,9 @@ def start_generation(request: GenerationRequest) -> Session:
     return _start(request.model, lambda model: plan(model, request))
 
 
-def start_embedding(model_id: str, inputs: Sequence[Prompt], param: str) -> Session:
-    """Admit and plan the embedding of ``inputs``; return its session."""
-    return _start(model_id, lambda model: plan_embedding(model, inputs, param))
+def start_embedding(model_id: str, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> Session:
+    """Admit and plan the embedding of ``inputs`` (with ``truncate``, cut to the context); return its session."""
+    return _start(model_id, lambda model: plan_embedding(model, inputs, param, truncate))
 
 
 def shutting_down() -> ApiError:

@@ -48,6 +48,7 @@ class RequestRecord:
     status: int = 0
     outcome: str = ""  # set by views that know better than the status
     stats: Optional[GenerationStats] = None
+    load_seconds: float = 0.0  # spent getting the model: its load, or waiting for another request's
     session: Optional[Session] = None  # a session started for the request that no response has taken over yet
 
 

@@ -159,6 +159,25 @@ def template_for_vocabulary(control_tokens: Iterable[str]) -> str:
     return next((name for marker, name in VOCABULARY_TEMPLATES if marker in tokens), DEFAULT_TEMPLATE)
 
 
+# Fill-in-the-middle markers (before the prefix, before the suffix, where the middle goes), as code models'
+# vocabularies name them.
+FIM_MARKERS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen 2.5 Coder
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder 2
+    ("<|fim▁begin|>", "<|fim▁hole|>", "<|fim▁end|>"),  # DeepSeek Coder
+)
+
+
+def fill_in_middle(control_tokens: Iterable[str], prefix: str, suffix: str) -> Optional[str]:
+    """The prompt asking for the text between ``prefix`` and ``suffix``, in the vocabulary's markers; None if it
+    has none."""
+    tokens = set(control_tokens)
+    for before, after, middle in FIM_MARKERS:
+        if {before, after, middle} <= tokens:
+            return f"{before}{prefix}{after}{suffix}{middle}"
+    return None
+
+
 # Tools for a template that does not render them: definitions, calls and results as Hermes-style text,
 # which the tool-call parser reads back.
 _TOOLS_PREAMBLE = """# Tools

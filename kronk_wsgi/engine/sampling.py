@@ -25,14 +25,14 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
-    repetition_penalty: float = 1.0  # 1 = off; llama.cpp style, over the last 64 tokens
+    repetition_penalty: float = 1.0  # 1 = off; llama.cpp style, over the last repetition_window tokens
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     seed: Optional[int] = None  # None = fresh entropy
+    repetition_window: int = 64  # tokens the repetition penalty looks back over, the prompt's included
 
 
-REPETITION_WINDOW = 64
 # The largest 1/temperature a float32 holds: a lower temperature is as good as greedy, with ties drawn.
 MAX_INVERSE_TEMPERATURE = float(np.finfo(np.float32).max)
 
@@ -46,7 +46,8 @@ class Sampler:
         seed = params.seed % 2**64 if params.seed is not None else secrets.randbits(64)
         # Each choice of one request draws its own numbers; the first draws what a request of one choice would.
         self._rng = np.random.default_rng(seed if choice == 0 else [seed, choice])
-        self._recent = list(prompt[-REPETITION_WINDOW:])
+        self._window = params.repetition_window
+        self._recent = list(prompt[-self._window:]) if self._window else []
         self._counts: Counter[int] = Counter()
 
     def sample(self, logits: np.ndarray, allowed: Optional[np.ndarray] = None) -> int:
@@ -77,7 +78,8 @@ class Sampler:
             inverse_temperature = min(1.0 / p.temperature, MAX_INVERSE_TEMPERATURE)
             top_k = min(p.top_k, len(logits))
             token = draw(logits, inverse_temperature, top_k, p.top_p, p.min_p, self._rng.random())
-        self._recent = (self._recent + [token])[-REPETITION_WINDOW:]
+        if self._window:
+            self._recent = (self._recent + [token])[-self._window:]
         self._counts[token] += 1
         return token
 

@@ -3,7 +3,8 @@
 A model in use is never unloaded: one that requests have claimed (from the
 moment the pool hands it out until the request is admitted or gives up) or
 that holds admission leases (running or waiting generations). Unused models
-go when they have been idle for ``idle_unload_seconds`` (not the default
+go when they have been idle for their keep-alive (a client's, such as
+Ollama's ``keep_alive``; else ``idle_unload_seconds``, which keeps the default
 model), and, least recently used first, when another model needs room under
 ``max_loaded_models`` or ``max_memory_mb``.
 """
@@ -32,6 +33,9 @@ log = structlog.get_logger("kronk_wsgi.pool")
 
 # How often a waiting request looks at its client's socket.
 CLIENT_POLL_SECONDS = 0.5
+
+# How often idle models are looked at for unloading.
+SWEEP_SECONDS = 1.0
 
 # A slot is a prompt's own when the prompt continues at least this share of the slot's cached tokens.
 SIMILARITY = 0.5
@@ -112,6 +116,7 @@ class LoadedModel:
         self.places = places
         self.users = 0  # requests that hold the model: claimed, or holding an admission lease
         self.last_used = time.monotonic()
+        self.keep_alive: Optional[float] = None  # seconds it stays loaded unused, as a client asked; < 0: for good
         closing = engine.tokenizer.control.get(template.closing_token() or "")
         self.end_ids = engine.tokenizer.end_ids | ({closing} if closing is not None else set())
         # The turn's closing marker, where the vocabulary has it only as text: a reply ends there too.
@@ -305,9 +310,32 @@ class ModelPool:
             context_length=model.engine.context_length, slots=self.settings.parallel,
             threads=self.settings.threads_per_call(engine.kind.batched), memory_mb=round(memory / 1e6),
         )
-        if self.settings.idle_unload_seconds is not None and self._sweeper is None:
-            self._sweeper = gevent.spawn(self._sweep)
+        if self.settings.idle_unload_seconds is not None:
+            self._start_sweeper()
         return model
+
+    def keep(self, model_id: str, seconds: float) -> None:
+        """Keep a loaded model for ``seconds`` once unused (negative: until the worker stops; 0: unload it now if
+        it is unused, else as soon as its requests end)."""
+        model = self._loaded.get(model_id)
+        if model is None:
+            return
+        model.keep_alive = seconds
+        if seconds == 0:
+            self.unload(model_id, "keep_alive")
+        self._start_sweeper()
+
+    def expires(self, model: LoadedModel) -> Optional[float]:
+        """When (time.time()) an unused model will be unloaded for idling; None if never."""
+        ttl = self._ttl(model)
+        return None if ttl is None else time.time() + ttl - (time.monotonic() - model.last_used)
+
+    def _ttl(self, model: LoadedModel) -> Optional[float]:
+        if model.keep_alive is not None:
+            return None if model.keep_alive < 0 else model.keep_alive
+        if model.id == self.settings.default_model:
+            return None
+        return self.settings.idle_unload_seconds
 
     def unload(self, model_id: str, reason: str) -> bool:
         """Unload a model that is not in use; whether it was unloaded."""
@@ -351,15 +379,19 @@ class ModelPool:
                 raise NoRoom(f"model {model_id!r} cannot be loaded now: the loaded models ({busy}) are in use")
             self.unload(min(idle, key=lambda m: m.last_used).id, "room")
 
+    def _start_sweeper(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = gevent.spawn(self._sweep)
+
     def _sweep(self) -> None:
-        """Unload models idle for longer than idle_unload_seconds (the default model stays)."""
-        ttl = self.settings.idle_unload_seconds
+        """Unload models idle for longer than their keep-alive."""
         while True:
-            gevent.sleep(min(ttl / 2, 5.0))
+            gevent.sleep(SWEEP_SECONDS)
             now = time.monotonic()
             for model in self.loaded():
-                if model.id != self.settings.default_model and not model.in_use and now - model.last_used > ttl:
-                    self.unload(model.id, "idle")
+                ttl = self._ttl(model)
+                if ttl is not None and not model.in_use and now - model.last_used >= ttl:
+                    self.unload(model.id, "keep_alive" if model.keep_alive is not None else "idle")
 
     def _load(self, model_id: str, spec: ModelSpec) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
         """Runs in a worker thread: the engine, its chat template, its slots and its file."""

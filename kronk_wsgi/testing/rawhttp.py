@@ -1,4 +1,4 @@
-"""A raw-socket HTTP/1.1 client, to watch SSE frames as they arrive and to hang up mid-stream."""
+"""A raw-socket HTTP/1.1 client, to watch SSE frames (or NDJSON lines) as they arrive and to hang up mid-stream."""
 
 import json
 import socket
@@ -60,11 +60,12 @@ class RawStream:
         self._buffer = self._buffer[size + 2:]
         return True
 
-    def frames(self):
-        """Yield (arrival time, frame text) for each SSE frame until the body ends."""
+    def frames(self, separator: str = "\n\n"):
+        """Yield (arrival time, frame text) for each SSE frame (with ``separator`` "\n": NDJSON line) until the
+        body ends."""
         while True:
-            while "\n\n" in self._text:
-                frame, _, self._text = self._text.partition("\n\n")
+            while separator in self._text:
+                frame, _, self._text = self._text.partition(separator)
                 yield time.monotonic(), frame
             try:
                 if not self._read_body_piece():

@@ -1,13 +1,16 @@
 """Each protocol's encoder on its own: the same neutral events in, the protocol's frames out, no server."""
 
 import json
+import time
 
 import pytest
 
 from kronk_wsgi.api.anthropic import MessagesEncoder
+from kronk_wsgi.api.ollama import KEEPALIVE as OLLAMA_KEEPALIVE, OllamaEncoder
 from kronk_wsgi.api.openai_chat import ChatEncoder
 from kronk_wsgi.api.openai_completions import CompletionEncoder
 from kronk_wsgi.api.openai_responses import ResponsesEncoder
+from kronk_wsgi.serving.session import GenerationStats
 from kronk_wsgi.serving.events import (
     KEEPALIVE, ChoiceEnd, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage, coalesce,
 )
@@ -175,3 +178,36 @@ def test_a_call_cut_off_by_the_limit_is_a_partial_call_in_each_protocol():
     assert message["content"][0]["input"] == {} and message["stop_reason"] == "max_tokens"
     response = ResponsesEncoder({"id": "resp_1", "output": []}).whole([cut, ChoiceEnd("length")], Finished(USAGE))
     assert response["output"][0]["status"] == "incomplete" and response["status"] == "incomplete"
+
+
+def ollama_encoder(chat: bool = True, logprobs: bool = False) -> OllamaEncoder:
+    stats = GenerationStats(prompt_tokens=7, queue_wait=0.5, time_to_first_token=1.5)
+    return OllamaEncoder("m:latest", chat, logprobs, stats, started=time.monotonic() - 3.0, load_seconds=0.25)
+
+
+def test_ollama_chat_lines():
+    lines = [json.loads(line) for line in ollama_encoder().frames(iter([
+        TextDelta("Hel"), ReasoningDelta("hmm"), KEEPALIVE, CALL, ChoiceEnd("tool_calls"), Finished(USAGE),
+    ]))]
+    assert [line["done"] for line in lines] == [False] * 5 + [True]
+    assert lines[1]["message"] == {"role": "assistant", "content": "Hel"}
+    assert lines[2]["message"] == {"role": "assistant", "content": "", "thinking": "hmm"}
+    assert lines[3] == json.loads(OLLAMA_KEEPALIVE)
+    assert lines[4]["message"]["tool_calls"] == [
+        {"id": "call_abc", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]
+    last = lines[-1]
+    assert last["done_reason"] == "stop" and last["prompt_eval_count"] == 7 and last["eval_count"] == 3
+    assert last["load_duration"] == 250_000_000
+    assert abs(last["prompt_eval_duration"] - 1.0e9) < 1e6  # from the slot to the first token
+    assert last["total_duration"] >= 3.0e9 and last["eval_duration"] >= 1.5e9
+
+
+def test_ollama_generate_whole_with_logprobs_and_a_failure_line():
+    token = TokenLogprob(b"Hi", -0.5, ((b"Hi", -0.5), (b"Yo", -1.5)))
+    whole = ollama_encoder(chat=False, logprobs=True).whole(
+        [TextDelta("Hi"), Logprobs((token,)), ChoiceEnd("length")], Finished(USAGE))
+    assert whole["response"] == "Hi" and whole["done"] and whole["done_reason"] == "length"
+    assert whole["logprobs"] == [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": [
+        {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}, {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]}]}]
+    last = json.loads(list(ollama_encoder().frames(iter([TextDelta("a"), SHUTDOWN])))[-1])
+    assert last["done"] is True and last["error"].startswith("the server is shutting down")

@@ -3,13 +3,20 @@ Assistant pins) and by the probe sequences of Open WebUI and Copilot; its flows 
 overload, in-band errors) on the fault-injecting engine."""
 
 import json
+import os
+import subprocess
 import time
 
 import numpy as np
 import ollama
+import pydantic
 import pytest
 import requests
 
+from kronk_wsgi.api import ollama as ollama_api
+from kronk_wsgi.api.errors import ApiError
+from kronk_wsgi.engine.chat_template import fill_in_middle
+from kronk_wsgi.engine.sampling import SamplingParams
 from kronk_wsgi.engine.gguf_file import ARRAY, STRING, Field, read_gguf, write_gguf_copy
 from kronk_wsgi.testing import run_server
 from kronk_wsgi.testing.rawhttp import RawStream
@@ -326,3 +333,86 @@ def test_an_engine_failure_after_the_first_line_is_one_more_line(failing):
     assert last["done"] is True and "error" in last and "injected" not in json.dumps(last)
     whole = requests.post(failing.url + "/api/chat", json={"model": "tiny", "messages": ASK, "stream": False})
     assert whole.status_code == 500 and set(whole.json()) == {"error"}
+
+
+# -- the module's logic on its own, no server --------------------------------------------------------------------
+
+@pytest.mark.parametrize("given, seconds", [
+    (None, None), (0, 0.0), (300, 300.0), (-1, -1.0), ("10", 10.0), ("5m", 300.0), ("1h30m", 5400.0),
+    ("1.5s", 1.5), ("300ms", 0.3), ("-1m", -60.0), ("24h", 86400.0),
+])
+def test_keep_alive_durations(given, seconds):
+    assert ollama_api.keep_alive_seconds(given) == seconds
+
+
+@pytest.mark.parametrize("given", ["soon", "5 minutes", "m5", "", "1d"])
+def test_keep_alive_that_is_no_duration_is_a_400(given):
+    with pytest.raises(ApiError) as caught:
+        ollama_api.keep_alive_seconds(given)
+    assert caught.value.status == 400 and caught.value.param == "keep_alive"
+
+
+def test_options_take_ollamas_defaults_and_names():
+    assert ollama_api.sampling(ollama_api.Options()) == SamplingParams(
+        temperature=0.8, top_p=0.9, top_k=40, repetition_penalty=1.1, repetition_window=64)
+    given = ollama_api.sampling(ollama_api.Options(temperature=0, top_k=0, repeat_last_n=0, repeat_penalty=1.0,
+                                                   seed=3, min_p=0.05))
+    assert (given.temperature, given.top_k, given.repetition_window, given.seed, given.min_p) == (0, 0, 0, 3, 0.05)
+    assert ollama_api.sampling(ollama_api.Options(repeat_last_n=-1)).repetition_window > 10**6
+    for field, value in (("mirostat", 1), ("typical_p", 0.5), ("tfs_z", 0.9), ("num_predict", 0)):
+        with pytest.raises(pydantic.ValidationError):
+            ollama_api.Options(**{field: value})
+    ollama_api.Options(mirostat=0, typical_p=1.0, tfs_z=1, num_predict=-2, num_gpu=99, num_thread=8)
+
+
+def test_fill_in_the_middle_markers():
+    starcoder = {"<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<|endoftext|>"}
+    assert fill_in_middle(starcoder, "a(", ")") == "<fim_prefix>a(<fim_suffix>)<fim_middle>"
+    qwen = {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}
+    assert fill_in_middle(qwen, "x", "y") == "<|fim_prefix|>x<|fim_suffix|>y<|fim_middle|>"
+    assert fill_in_middle({"<fim_prefix>", "<fim_suffix>"}, "x", "y") is None
+
+
+@pytest.mark.parametrize("filename, tag", [
+    ("tiny.Q8_0.gguf", "Q8_0"), ("SmolLM2-135M-Instruct-Q4_K_M.gguf", "Q4_K_M"), ("m-IQ2_XXS.gguf", "IQ2_XXS"),
+    ("sub/m-Q5_K_S-00001-of-00002.gguf", "Q5_K_S"), ("plain.gguf", "plain.gguf"),
+])
+def test_a_pulled_files_tag_is_its_quantization(filename, tag):
+    assert ollama_api._tag(filename) == tag
+
+
+NODE_MODULES = os.environ.get("KRONK_TEST_NODE_MODULES", "")
+JS_CLIENT = """
+const { Ollama } = require('ollama');
+(async () => {
+  const client = new Ollama({ host: process.env.HOST });
+  const listed = await client.list();
+  const parts = [];
+  for await (const part of await client.chat({ model: 'smol', messages: [{ role: 'user', content: 'Hi' }],
+                                              stream: true, options: { num_predict: 5, temperature: 0 } })) {
+    parts.push(part);
+  }
+  const generated = await client.generate({ model: 'smol', prompt: 'Hi', options: { num_predict: 3 } });
+  const embedded = await client.embed({ model: 'smol', input: ['a', 'b'] });
+  let missing = null;
+  try { await client.chat({ model: 'nope', messages: [{ role: 'user', content: 'Hi' }] }); }
+  catch (error) { missing = { status: error.status_code, message: error.error }; }
+  console.log(JSON.stringify({ names: listed.models.map(m => m.name), parts, generated, vectors: embedded.embeddings.length,
+                               missing }));
+})().catch(error => { console.error(error); process.exit(1); });
+"""
+
+
+@pytest.mark.skipif(not NODE_MODULES and not os.environ.get("KRONK_TEST_REQUIRE_NPM"),
+                    reason="Ollama's JavaScript client is not installed (KRONK_TEST_NODE_MODULES)")
+def test_ollamas_javascript_client(served):
+    ran = subprocess.run(["node", "-e", JS_CLIENT], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NODE_PATH": NODE_MODULES, "HOST": served.url})
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout)
+    assert "smol:latest" in seen["names"]
+    assert seen["parts"][-1]["done"] and seen["parts"][-1]["eval_count"] == 5
+    assert "".join(p["message"]["content"] for p in seen["parts"])
+    assert seen["generated"]["done"] and seen["generated"]["eval_count"] == 3
+    assert seen["vectors"] == 2
+    assert seen["missing"] == {"status": 404, "message": "model 'nope' not found, try pulling it first"}

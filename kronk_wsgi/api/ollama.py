@@ -30,7 +30,7 @@ from ..engine.sampling import SamplingParams
 from ..serving import offload
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall
 from ..serving.reasoning import reasoning_of
-from ..serving.session import GenerationStats, Session
+from ..serving.session import GenerationStats
 from . import pulling
 from .body import parse_body
 from .errors import ApiError, invalid
@@ -597,7 +597,7 @@ def generate():
 
 def _answer(request: GenerationRequest, body: Generating, keep: Optional[float], chat: bool) -> Response:
     session = start_generation(request)
-    encoder = OllamaEncoder(body.model, chat, body.logprobs, session, record().load_seconds)
+    encoder = OllamaEncoder(body.model, chat, body.logprobs, session.stats, session.started, record().load_seconds)
     response = respond(session, encoder, body.stream)
     _keep_after(response, request.model, keep)
     return response
@@ -648,13 +648,15 @@ class OllamaEncoder(Encoder):
 
     protocol = PROTOCOL
 
-    def __init__(self, name: str, chat: bool, logprobs: bool, session: Session, load_seconds: float) -> None:
+    def __init__(self, name: str, chat: bool, logprobs: bool, stats: GenerationStats, started: float,
+                 load_seconds: float) -> None:
+        """``stats`` are the session's, filled in as it runs; ``started`` is when the request began (monotonic)."""
         super().__init__()
         self.name = name
         self.chat = chat
         self.with_logprobs = logprobs
-        self.stats: GenerationStats = session.stats
-        self.started = session.started
+        self.stats = stats
+        self.started = started
         self.load_seconds = load_seconds
         self.reason = "stop"
         self.calls = 0

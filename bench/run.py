@@ -121,6 +121,14 @@ PROTOCOLS = {
         lambda e: e["type"] == "response.output_text.delta",
         lambda e: e["response"]["usage"]["output_tokens"] if e["type"] in ("response.completed", "response.incomplete") else None,
     ),
+    # NDJSON lines; the sampling options the other protocols default to, not Ollama's (its repetition penalty
+    # is work of its own, per token)
+    "ollama": (
+        "/api/chat", lambda n: {"messages": [{"role": "user", "content": PROMPT}], "options": {
+            "num_predict": n, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repeat_penalty": 1.0}},
+        lambda e: bool(e.get("message", {}).get("content")),
+        lambda e: e["eval_count"] if e.get("done") else None,
+    ),
 }
 
 
@@ -131,9 +139,9 @@ def protocol_stream(url: str, protocol: str, tokens: int) -> dict:
     completion = 0
     with requests.post(url + path, json={"model": "bench", "stream": True, **body(tokens)}, stream=True, timeout=600) as response:
         for line in response.iter_lines():
-            if not line.startswith(b"data: {"):
+            if not line.startswith((b"data: {", b"{")):
                 continue
-            event = json.loads(line[6:])
+            event = json.loads(line.removeprefix(b"data: "))
             if first is None and is_text(event):
                 first = time.perf_counter()
             completion = count(event) or completion

@@ -89,6 +89,11 @@ class Settings(BaseModel):
     max_loaded_models: Optional[int] = Field(None, ge=1)  # models loaded at once per worker; None: no limit
     max_memory_mb: Optional[int] = Field(None, ge=1)  # estimated memory of loaded models per worker; None: no limit
     idle_unload_seconds: Optional[float] = Field(None, gt=0)  # unload a model unused this long (not the default)
+    # Saved slot states (llama.cpp engine): per model and worker in RAM (default: an eighth of the machine's
+    # memory, at most 4096; 0: none), and on disk in prompt_cache_dir, shared by every worker (0: none)
+    prompt_cache_ram_mb: Optional[int] = Field(None, ge=0)
+    prompt_cache_dir: Optional[str] = None  # default: prompt-cache in the cache directory
+    prompt_cache_disk_mb: int = Field(4096, ge=0)
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")
@@ -144,6 +149,15 @@ class Settings(BaseModel):
         if self.default_model not in self.models:
             raise ValueError(f"default_model {self.default_model!r} is not one of the models {sorted(self.models)}")
         return self
+
+    def prompt_cache_ram_bytes(self) -> int:
+        if self.prompt_cache_ram_mb is not None:
+            return self.prompt_cache_ram_mb * 1_000_000
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return min(physical // 8, 4096 * 1_000_000)
+
+    def prompt_cache_path(self) -> Path:
+        return Path(self.prompt_cache_dir).expanduser() if self.prompt_cache_dir else cache_dir() / "prompt-cache"
 
     def concurrent_calls(self, batched: bool) -> int:
         """Decode calls of one model that run at once on this machine.

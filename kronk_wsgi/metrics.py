@@ -46,6 +46,15 @@ class Metrics:
         self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r,
                                     multiprocess_mode="livesum")
         self.rejected = Counter("kronk_rejected", "Requests refused with 429 after the admission wait.", ["model"], registry=r)
+        self.prompt_cache_events = Counter(
+            "kronk_prompt_cache_events", "Prompt cache lookups (hits, misses), states saved, evicted (from RAM, from "
+            "disk) and disk entries found corrupt.", ["model", "event"], registry=r)
+        self.prompt_cache_restored_tokens = Counter(
+            "kronk_prompt_cache_restored_tokens", "Prompt tokens restored from saved states.", ["model"], registry=r)
+        self.prompt_cache_ram_bytes = Gauge("kronk_prompt_cache_ram_bytes", "Saved states held in RAM.", ["model"],
+                                            registry=r, multiprocess_mode="livesum")
+        self.prompt_cache_disk_bytes = Gauge("kronk_prompt_cache_disk_bytes", "Saved states on disk (shared by the "
+                                             "workers).", ["model"], registry=r, multiprocess_mode="max")
         self.model_events = Counter(
             "kronk_model_events", "Model loads, failed loads, unloads (idle, room, admin) and refused loads "
             "(no_room, never_fits).", ["model", "event"], registry=r)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import pydantic
 
+from .prompt_cache import MIN_TOKENS, PromptCache
 from .tokenizer import Tokenizer
 
 
@@ -52,6 +53,7 @@ class Slot(abc.ABC):
 
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
+        self.state_cache: Optional[PromptCache] = None  # saved states to restore from, where the engine has them
 
     @abc.abstractmethod
     def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None) -> Optional[int]:
@@ -82,6 +84,8 @@ class Slot(abc.ABC):
         always belong to this prompt.
         """
         keep = min(shared_prefix(tokens, self.cached), len(tokens) - 1)
+        if self.state_cache is not None:
+            keep = self._restore(tokens, keep)
         del self.cached[keep:]
         start = keep
         while start < len(tokens):
@@ -91,6 +95,35 @@ class Slot(abc.ABC):
             self.decode(tokens[start:end])
             start = end
         return keep
+
+    def _restore(self, tokens: Sequence[int], keep: int) -> int:
+        """Before a prompt overwrites what the slot holds, save that (if it is worth it and not saved yet); then
+        restore the saved state that shares most with the prompt, if it shares more than the slot; the tokens
+        kept."""
+        cache = self.state_cache
+        if len(self.cached) - keep >= MIN_TOKENS and not cache.holds(self.cached):
+            try:
+                cache.put(self.cached, self.save_state())
+            except EngineError:
+                pass  # not saved: its next turn evaluates its prompt again
+        found = cache.find(tokens)
+        if found is None or min(found[0], len(tokens) - 1) <= keep:
+            return keep
+        shared, held, state = found
+        try:
+            self.load_state(state, held)
+        except EngineError:
+            self.cached.clear()  # the cache may hold anything now
+            return 0
+        return min(shared, len(tokens) - 1)
+
+    def save_state(self) -> bytes:
+        """The KV state of the tokens the slot holds (engines with a state API: see PromptCache)."""
+        raise EngineError(f"{type(self).__name__} cannot save its state")
+
+    def load_state(self, state: bytes, tokens: Sequence[int]) -> None:
+        """Replace what the slot holds with a saved state of ``tokens``."""
+        raise EngineError(f"{type(self).__name__} cannot load a state")
 
     def decode(self, tokens: Sequence[int], pick: Optional[Pick] = None) -> Optional[int]:
         """Append ``tokens`` to the cache and compute the next logits; with ``pick``, return ``pick(logits)``.
@@ -124,6 +157,11 @@ class Engine(abc.ABC):
 
     def close(self) -> None:
         """Free what the engine holds outside Python (its model, contexts and threads); its slots are unusable after."""
+
+    def state_identity(self) -> Optional[str]:
+        """What a saved slot state depends on (the model file, the engine's version, the context's parameters),
+        once the slots are made; None if the engine cannot save and restore states."""
+        return None
 
 
 class EngineOptions(pydantic.BaseModel):

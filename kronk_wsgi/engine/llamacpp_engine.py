@@ -140,8 +140,10 @@ class _Call:
     """
 
     def __init__(self, seq: int, tokens: Sequence[int], n_past: int, embedding: bool = False,
-                 pick: Optional[Pick] = None) -> None:
+                 pick: Optional[Pick] = None, action: Optional[Callable[[], object]] = None) -> None:
         self.seq, self.tokens, self.n_past = seq, tokens, n_past
+        self.action = action  # instead of tokens: work on the context (a state's save or load), in a call alone
+        self.result: object = None
         self.wants_embedding = embedding
         self.pick = pick
         self.picked: Optional[int] = None
@@ -279,9 +281,13 @@ class _Batcher:
                 or sum(len(call.tokens) for call in self.waiting) >= BATCH)
 
     def take(self) -> list[_Call]:
-        """The calls the next llama_decode takes: the first waiting ones that fit in BATCH tokens (at least one)."""
+        """The calls the next llama_decode takes: the first waiting ones that fit in BATCH tokens (at least one);
+        or an action, alone."""
+        if self.waiting and self.waiting[0].action is not None:
+            return [self.waiting.pop(0)]
         taken, size = [], 0
-        while self.waiting and (not taken or size + len(self.waiting[0].tokens) <= BATCH):
+        while (self.waiting and self.waiting[0].action is None
+               and (not taken or size + len(self.waiting[0].tokens) <= BATCH)):
             size += len(self.waiting[0].tokens)
             taken.append(self.waiting.pop(0))
         return taken
@@ -289,7 +295,10 @@ class _Batcher:
     def run(self, calls: list[_Call]) -> None:
         """One llama_decode for ``calls``: each gets its logits (and embedding), or an error."""
         try:
-            self._decode(calls)
+            if calls[0].action is not None:
+                calls[0].result = calls[0].action()
+            else:
+                self._decode(calls)
         except Exception as exc:  # every waiting thread hears of it: none may sleep for ever
             for call in calls:
                 call.error = f"llama_decode raised {exc!r}"
@@ -384,6 +393,42 @@ class LlamaCppSlot(Slot):
             raise call.pick_error
         return call.picked
 
+    def _alone(self, action: Callable[[], object]) -> object:
+        """Run ``action`` in the decode thread, between two decode calls: the context is never used by two."""
+        call = _Call(self._seq, (), 0, action=action)
+        self._engine._batcher.decode(call)
+        if call.error:
+            raise EngineError(call.error)
+        return call.result
+
+    def save_state(self) -> bytes:
+        ctx, seq = self._engine._ctx, self._seq
+
+        def save() -> bytes:
+            size = llama_cpp.llama_state_seq_get_size(ctx, seq)
+            buffer = (ctypes.c_uint8 * size)()
+            written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, seq)
+            return ctypes.string_at(buffer, written)
+
+        return self._alone(save)
+
+    def load_state(self, state: bytes, tokens: Sequence[int]) -> None:
+        ctx, memory, seq = self._engine._ctx, self._engine._memory, self._seq
+
+        def load() -> int:
+            llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+            buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+            return llama_cpp.llama_state_seq_set_data(ctx, buffer, len(state), seq)
+
+        self._kv_end = 0
+        self.cached = []
+        if not self._alone(load):
+            llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
+            raise _failure("llama.cpp could not load a saved state")
+        self._kv_end = len(tokens)
+        self.cached = list(tokens)
+        self._logits = self._embedding = None
+
     def logits(self) -> np.ndarray:
         if self._logits is None:
             raise EngineError("the last decode's logits went to its pick, not kept")
@@ -429,6 +474,8 @@ class LlamaCppEngine(Engine):
         if self._n_vocab != self.tokenizer.vocab_size:
             raise EngineError(f"{path.name}: llama.cpp's vocabulary differs from the file's tokenizer")
         self._n_embd = llama_cpp.llama_model_n_embd(self._model)
+        stat = path.stat()
+        self._file_identity = f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
         self._ctx = None
 
     def new_slots(self, count: int, threads: int) -> list[LlamaCppSlot]:
@@ -450,7 +497,12 @@ class LlamaCppEngine(Engine):
         self._threadpool = _attach_threadpool(self._ctx, params.n_threads)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batcher = _Batcher(self._ctx, self._n_vocab, self._n_embd, count)
+        self._identity = (f"{self._file_identity} llama-cpp-python {llama_cpp.__version__} n_ctx {self.context_length} "
+                          f"type_k {params.type_k} type_v {params.type_v} swa_full {params.swa_full}")
         return [LlamaCppSlot(self, seq) for seq in range(count)]
+
+    def state_identity(self) -> Optional[str]:
+        return getattr(self, "_identity", None)
 
     def close(self) -> None:
         """Free the batch, context, threads and model, once; called on unload, and when the engine is collected."""

@@ -25,6 +25,7 @@ from ..config import ConfigError, ModelSpec, Settings
 from ..describe import footprint
 from ..engine.base import Engine, EngineError, Slot, shared_prefix
 from ..engine.chat_template import ChatTemplate
+from ..engine.prompt_cache import PromptCache
 from ..metrics import Metrics
 from . import offload
 from .drain import Drain, ShuttingDown
@@ -123,6 +124,7 @@ class LoadedModel:
         text = template.closing_text()
         self.end_texts: tuple[str, ...] = (text,) if text and text not in engine.tokenizer.control else ()
         self.created = int(time.time())
+        self.prompt_cache: Optional[PromptCache] = slots[0].state_cache if slots else None
         self.slot_threads = ThreadPool(len(slots))
         self.prep = ThreadPool(1)
         self._free_slots = list(slots)  # the slot given back longest ago first
@@ -176,6 +178,20 @@ class LoadedModel:
     def admitted(self) -> int:
         """Requests holding an admission place: generating, or waiting for a slot."""
         return self.places - self._places.counter
+
+    def report_cache(self, metrics: Metrics) -> None:
+        """Add what the prompt cache did since the last report to the metrics (from the event loop: prometheus'
+        locks are gevent's there)."""
+        if self.prompt_cache is None:
+            return
+        counts = self.prompt_cache.take_counts()
+        for event in ("hits", "misses", "saved", "evicted_ram", "evicted_disk", "corrupt"):
+            if getattr(counts, event):
+                metrics.prompt_cache_events.labels(self.id, event).inc(getattr(counts, event))
+        if counts.restored_tokens:
+            metrics.prompt_cache_restored_tokens.labels(self.id).inc(counts.restored_tokens)
+        metrics.prompt_cache_ram_bytes.labels(self.id).set(counts.ram_bytes)
+        metrics.prompt_cache_disk_bytes.labels(self.id).set(counts.disk_bytes)
 
     def close(self) -> None:
         """Stop the model's threads and free its engine."""
@@ -404,4 +420,10 @@ class ModelPool:
         batched = engine.kind.batched
         self.settings.check_cores(batched)
         slots = engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))
+        identity = engine.state_identity()
+        ram, disk = self.settings.prompt_cache_ram_bytes(), self.settings.prompt_cache_disk_mb * 1_000_000
+        if identity is not None and (ram or disk):
+            cache = PromptCache(identity, ram, self.settings.prompt_cache_path(), disk)
+            for slot in slots:
+                slot.state_cache = cache
         return engine, template, slots, local_file(spec)

@@ -142,6 +142,7 @@ class Session:
     def _release(self, slot: Optional[Slot]) -> None:
         if slot is not None:
             self.model.give_back(slot)
+            self.model.report_cache(self.metrics)
         self.lease.release()
 
     def _wait_for_slot(self) -> Iterator[Event]:

@@ -1,0 +1,308 @@
+"""Saved sequence states, in RAM and on disk: a conversation that comes back after its slot went to another one
+restores its history instead of evaluating it again.
+
+An entry is the KV state of one token sequence, as the engine saves it when a
+slot is about to be overwritten. Entries are found by a hash chain over
+blocks of BLOCK tokens: each block boundary of an entry is indexed, so the
+longest cached prefix of a prompt is found in one pass over the prompt's
+blocks. RAM holds the most recently used entries within its budget; the disk
+tier (a directory shared by every worker of a server, and by servers pointed
+at it) keeps them across unloads and restarts, within its own budget, least
+recently used first out. A disk entry is written to a temporary file and
+renamed, with a checksum over all of it: a crash mid-write leaves nothing that
+reads as valid. Every entry belongs to one identity (the model file, the
+engine's version and its context parameters): another identity's entries are
+never looked at.
+
+Slot threads call it at once: one lock (a real one, not gevent's) guards it.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import os
+import struct
+import uuid
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+from gevent import monkey
+
+_allocate_lock = monkey.get_original("_thread", "allocate_lock")
+
+BLOCK = 64  # tokens per hashed block: entries are found at block boundaries
+MIN_TOKENS = BLOCK  # shorter sequences are not worth saving
+MAGIC = b"KRONKKV1"
+SUFFIX = ".kv"
+
+
+def block_hashes(tokens: Sequence[int]) -> list[bytes]:
+    """The chain hash at each block boundary: the i-th covers tokens[:BLOCK * (i + 1)]."""
+    data = np.asarray(tokens, dtype="<i4").tobytes()
+    hashes, previous = [], b""
+    for start in range(0, len(tokens) - len(tokens) % BLOCK, BLOCK):
+        previous = hashlib.blake2b(previous + data[4 * start:4 * (start + BLOCK)], digest_size=16).digest()
+        hashes.append(previous)
+    return hashes
+
+
+@dataclasses.dataclass
+class CacheCounts:
+    """What the cache did since the last ``take_counts``, and what it holds now."""
+
+    hits: int = 0
+    misses: int = 0
+    restored_tokens: int = 0
+    saved: int = 0
+    evicted_ram: int = 0
+    evicted_disk: int = 0
+    corrupt: int = 0  # disk entries that did not read as valid: ignored and removed
+    ram_bytes: int = 0
+    disk_bytes: int = 0
+
+
+class Entry:
+    """A saved state and the tokens it holds; ``state`` is None for a disk entry (read when it is used)."""
+
+    def __init__(self, tokens: tuple[int, ...], state: Optional[bytes], path: Optional[Path] = None) -> None:
+        self.tokens = tokens
+        self.state = state
+        self.path = path
+
+
+class PromptCache:
+    """Sequence states of one model identity, in RAM (``ram_bytes``) and on disk (``disk_dir``, ``disk_bytes``)."""
+
+    def __init__(self, identity: str, ram_bytes: int, disk_dir: Optional[Path], disk_bytes: int) -> None:
+        self.identity = hashlib.sha256(identity.encode()).digest()
+        self.ram_bytes = ram_bytes
+        self.disk_dir = disk_dir / self.identity.hex()[:16] if disk_dir is not None and disk_bytes > 0 else None
+        self.disk_bytes = disk_bytes
+        self._ram: collections.OrderedDict[bytes, Entry] = collections.OrderedDict()  # by full hash, LRU first
+        self._index: dict[bytes, bytes] = {}  # block hash -> full hash of an entry in RAM that has that prefix
+        self._disk: dict[bytes, Entry] = {}  # full hash -> disk entry (tokens read, state not)
+        self._disk_index: dict[bytes, bytes] = {}
+        self._seen_files: set[str] = set()
+        self._lock = _allocate_lock()
+        self._counts = CacheCounts()
+        if self.disk_dir is not None:
+            self.disk_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # -- looking up ---------------------------------------------------------------------------------------------
+
+    def find(self, tokens: Sequence[int]) -> Optional[tuple[int, tuple[int, ...], bytes]]:
+        """The saved state sharing the longest block-aligned prefix with ``tokens``: how many tokens it shares,
+        the tokens it holds (it may hold more), and the state. A disk entry read comes into RAM too."""
+        hashes = block_hashes(tokens)
+        with self._lock:
+            self._scan_disk()
+            for blocks in range(len(hashes), 0, -1):
+                for index, tier in ((self._index, self._ram), (self._disk_index, self._disk)):
+                    key = index.get(hashes[blocks - 1])
+                    entry = tier.get(key) if key is not None else None
+                    if entry is None:
+                        continue
+                    shared = _shared(tokens, entry.tokens)
+                    if shared < blocks * BLOCK:  # a hash collision: not this one
+                        continue
+                    state = entry.state if entry.state is not None else self._read(key, entry)
+                    if state is None:
+                        continue
+                    self._keep_in_ram(key, Entry(entry.tokens, state))
+                    self._counts.hits += 1
+                    self._counts.restored_tokens += shared
+                    return shared, entry.tokens, state
+            self._counts.misses += 1
+            return None
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether these very tokens are saved already."""
+        hashes = block_hashes(tokens)
+        if not hashes:
+            return False
+        key = _full_key(hashes, tokens)
+        with self._lock:
+            return key in self._ram or key in self._disk
+
+    # -- saving ---------------------------------------------------------------------------------------------
+
+    def put(self, tokens: Sequence[int], state: bytes) -> None:
+        """Keep a sequence's state, in RAM and on disk, each within its budget."""
+        hashes = block_hashes(tokens)
+        if len(tokens) < MIN_TOKENS:
+            return
+        key = _full_key(hashes, tokens)
+        entry = Entry(tuple(tokens), state)
+        with self._lock:
+            self._counts.saved += 1
+            self._keep_in_ram(key, entry)
+        if self.disk_dir is not None and len(state) <= self.disk_bytes:
+            self._write(key, entry)
+
+    def take_counts(self) -> CacheCounts:
+        """The counts since the last call, with the bytes held now."""
+        with self._lock:
+            counts, self._counts = self._counts, CacheCounts()
+        counts.ram_bytes, counts.disk_bytes = self.held()
+        return counts
+
+    def held(self) -> tuple[int, int]:
+        """Bytes held in RAM, and on disk (of the entries this process knows of)."""
+        with self._lock:
+            return (sum(len(e.state) for e in self._ram.values()),
+                    sum(_size(e.path) for e in self._disk.values()))
+
+    def _keep_in_ram(self, key: bytes, entry: Entry) -> None:
+        if len(entry.state) > self.ram_bytes:
+            return
+        self._ram[key] = entry
+        self._ram.move_to_end(key)
+        for block_hash in block_hashes(entry.tokens):
+            self._index[block_hash] = key
+        self._trim_ram()
+
+    def _trim_ram(self) -> None:
+        held = sum(len(e.state) for e in self._ram.values())
+        while held > self.ram_bytes and self._ram:
+            key, entry = self._ram.popitem(last=False)
+            held -= len(entry.state)
+            self._counts.evicted_ram += 1
+            for block_hash in block_hashes(entry.tokens):
+                if self._index.get(block_hash) == key:
+                    del self._index[block_hash]
+
+    # -- the disk tier ------------------------------------------------------------------------------------------
+
+    def _write(self, key: bytes, entry: Entry) -> None:
+        """Write then rename, the checksum last: a partial file never reads as valid."""
+        tokens = np.asarray(entry.tokens, dtype="<i4").tobytes()
+        head = MAGIC + self.identity + struct.pack("<QQ", len(entry.tokens), len(entry.state))
+        checksum = hashlib.sha256(head + tokens + entry.state).digest()
+        path = self.disk_dir / (key.hex() + SUFFIX)
+        partial = self.disk_dir / f".{key.hex()}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(partial, "wb") as out:
+                out.write(head + tokens + entry.state + checksum)
+            os.replace(partial, path)
+        except OSError:
+            partial.unlink(missing_ok=True)
+            return
+        with self._lock:
+            self._seen_files.add(path.name)
+            self._disk[key] = Entry(entry.tokens, None, path)
+            for block_hash in block_hashes(entry.tokens):
+                self._disk_index[block_hash] = key
+            self._trim_disk()
+
+    def _scan_disk(self) -> None:
+        """Index the entries other processes wrote since the last look (their tokens; states are read when used)."""
+        if self.disk_dir is None:
+            return
+        try:
+            names = {e.name for e in os.scandir(self.disk_dir) if e.name.endswith(SUFFIX)}
+        except OSError:
+            return
+        for gone in self._seen_files - names:  # removed by another process's budget
+            self._forget_disk(bytes.fromhex(gone.removesuffix(SUFFIX)))
+        for name in names - self._seen_files:
+            self._seen_files.add(name)
+            path = self.disk_dir / name
+            tokens = self._read_tokens(path)
+            if tokens is None:
+                continue
+            key = bytes.fromhex(name.removesuffix(SUFFIX))
+            self._disk[key] = Entry(tokens, None, path)
+            for block_hash in block_hashes(tokens):
+                self._disk_index[block_hash] = key
+
+    def _read_tokens(self, path: Path) -> Optional[tuple[int, ...]]:
+        head_size = len(MAGIC) + len(self.identity) + 16
+        try:
+            with open(path, "rb") as f:
+                head = f.read(head_size)
+                if len(head) < head_size or head[:len(MAGIC)] != MAGIC or head[len(MAGIC):-16] != self.identity:
+                    raise ValueError("not an entry of this identity")
+                n_tokens, _ = struct.unpack("<QQ", head[-16:])
+                data = f.read(4 * n_tokens)
+                if len(data) != 4 * n_tokens:
+                    raise ValueError("truncated")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self._corrupt(path)
+            return None
+        return tuple(np.frombuffer(data, dtype="<i4").tolist())
+
+    def _read(self, key: bytes, entry: Entry) -> Optional[bytes]:
+        """A disk entry's state, all of it checked; a corrupt entry is counted and removed."""
+        try:
+            data = entry.path.read_bytes()
+        except OSError:
+            self._forget_disk(key)
+            return None
+        head_size = len(MAGIC) + len(self.identity) + 16
+        body, checksum = data[:-32], data[-32:]
+        n_tokens, n_state = struct.unpack("<QQ", body[head_size - 16:head_size]) if len(body) >= head_size else (0, -1)
+        if (hashlib.sha256(body).digest() != checksum or len(body) != head_size + 4 * n_tokens + n_state
+                or body[:len(MAGIC)] != MAGIC or body[len(MAGIC):head_size - 16] != self.identity):
+            self._corrupt(entry.path)
+            self._forget_disk(key)
+            return None
+        try:
+            os.utime(entry.path)  # recently used: the disk budget removes it last
+        except OSError:
+            pass
+        return body[head_size + 4 * n_tokens:]
+
+    def _corrupt(self, path: Path) -> None:
+        self._counts.corrupt += 1
+        path.unlink(missing_ok=True)
+
+    def _forget_disk(self, key: bytes) -> None:
+        entry = self._disk.pop(key, None)
+        if entry is None:
+            return
+        self._seen_files.discard(entry.path.name)
+        for block_hash in block_hashes(entry.tokens):
+            if self._disk_index.get(block_hash) == key:
+                del self._disk_index[block_hash]
+
+    def _trim_disk(self) -> None:
+        files = sorted(((_mtime(e.path), key) for key, e in self._disk.items()), key=lambda item: item[0])
+        held = sum(_size(self._disk[key].path) for _, key in files)
+        for _, key in files:
+            if held <= self.disk_bytes:
+                break
+            path = self._disk[key].path
+            held -= _size(path)
+            path.unlink(missing_ok=True)
+            self._forget_disk(key)
+            self._counts.evicted_disk += 1
+
+
+def _full_key(hashes: list[bytes], tokens: Sequence[int]) -> bytes:
+    """An entry's own key: the chain hash over all its tokens, the partial last block included."""
+    tail = np.asarray(tokens[len(hashes) * BLOCK:], dtype="<i4").tobytes()
+    return hashlib.blake2b(hashes[-1] + tail + struct.pack("<Q", len(tokens)), digest_size=16).digest()
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    left, right = np.asarray(a[:n]), np.asarray(b[:n])
+    differ = np.flatnonzero(left != right)
+    return int(differ[0]) if len(differ) else n
+
+
+def _size(path: Optional[Path]) -> int:
+    try:
+        return path.stat().st_size if path else 0
+    except OSError:
+        return 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

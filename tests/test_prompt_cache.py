@@ -1,0 +1,157 @@
+"""The prompt cache: saved slot states found by their longest prefix, in RAM and on disk within budgets, never
+restored when foreign, corrupt or truncated; on the real llama.cpp engine, restoring equals recomputing."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from kronk_wsgi.engine import llamacpp_engine
+from kronk_wsgi.engine.prompt_cache import BLOCK, SUFFIX, PromptCache
+
+from .conftest import metric, run_server
+
+MB = 1_000_000
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 49_000, n).tolist()
+
+
+def state(n: int, fill: int = 1) -> bytes:
+    return bytes([fill]) * n
+
+
+def test_the_longest_block_aligned_prefix_is_found():
+    cache = PromptCache("model a", 10 * MB, None, 0)
+    system = tokens(0, 3 * BLOCK)
+    first = system + tokens(1, 2 * BLOCK + 10)
+    cache.put(first, state(100, 1))
+    cache.put(system + tokens(2, BLOCK), state(100, 2))
+    prompt = first[:4 * BLOCK + 5] + tokens(3, 50)  # continues the first for 4 blocks and 5 tokens
+    shared, held, saved = cache.find(prompt)
+    assert shared == 4 * BLOCK + 5 and held == tuple(first) and saved == state(100, 1)
+    assert cache.find(tokens(9, 5 * BLOCK)) is None
+    assert cache.find(first[:BLOCK - 1]) is None  # less than a block: nothing to restore
+    counts = cache.take_counts()
+    assert (counts.hits, counts.misses, counts.saved, counts.restored_tokens) == (1, 2, 2, 4 * BLOCK + 5)
+    assert cache.holds(first) and not cache.holds(first[:-1])
+
+
+def test_ram_holds_its_budget_least_recently_used_first_out():
+    cache = PromptCache("model a", 3 * MB, None, 0)
+    conversations = [tokens(i, 2 * BLOCK) for i in range(5)]
+    for i, conversation in enumerate(conversations[:3]):
+        cache.put(conversation, state(MB, i))
+    cache.find(conversations[0])  # used: it stays
+    cache.put(conversations[3], state(MB, 3))
+    assert cache.held()[0] <= 3 * MB
+    assert cache.find(conversations[0]) is not None and cache.find(conversations[1]) is None
+    cache.put(conversations[4], state(4 * MB))  # larger than the whole budget: not kept
+    assert cache.find(conversations[4]) is None and cache.take_counts().evicted_ram == 1
+
+
+def test_workers_share_the_disk_tier_and_a_restart_keeps_it(tmp_path):
+    conversation = tokens(5, 3 * BLOCK)
+    one = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)
+    one.put(conversation, state(5000, 7))
+    other = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)  # another worker, or after a restart
+    shared, _, saved = other.find(conversation + tokens(6, 20))
+    assert shared == len(conversation) and saved == state(5000, 7)
+    foreign = PromptCache("model b", 10 * MB, tmp_path, 100 * MB)  # another file or llama.cpp: never its states
+    assert foreign.find(conversation) is None
+
+
+def test_corrupt_truncated_and_foreign_disk_entries_are_ignored_and_counted(tmp_path):
+    writer = PromptCache("model a", 0, tmp_path, 100 * MB)
+    conversations = [tokens(10 + i, 2 * BLOCK) for i in range(4)]
+    for conversation in conversations[:3]:
+        writer.put(conversation, state(20_000, 3))
+    flipped, cut, kept = sorted(Path(writer.disk_dir).glob("*" + SUFFIX))
+    data = bytearray(flipped.read_bytes())
+    data[-100] ^= 1  # one bit of the state
+    flipped.write_bytes(bytes(data))
+    cut.write_bytes(cut.read_bytes()[:5000])  # a write cut short
+    foreign = PromptCache("model b", 0, tmp_path / "b", 100 * MB)  # another file's entry, under this one's name
+    foreign.put(conversations[3], state(20_000, 4))
+    (written,) = Path(foreign.disk_dir).glob("*" + SUFFIX)
+    os.replace(written, Path(writer.disk_dir) / written.name)
+    reader = PromptCache("model a", 0, tmp_path, 100 * MB)
+    found = [reader.find(c) for c in conversations]
+    assert sum(f is not None for f in found) == 1
+    assert reader.take_counts().corrupt == 3
+    assert [p.name for p in Path(writer.disk_dir).glob("*" + SUFFIX)] == [kept.name]
+
+
+def test_the_disk_budget_holds_under_a_stream_of_conversations(tmp_path):
+    cache = PromptCache("model a", 0, tmp_path, 5 * 20_000)
+    for i in range(20):
+        cache.put(tokens(100 + i, 2 * BLOCK), state(19_000, i))
+    assert sum(f.stat().st_size for f in Path(cache.disk_dir).iterdir()) <= 5 * 20_000
+    assert cache.take_counts().evicted_disk >= 15
+
+
+needs_llamacpp = pytest.mark.skipif(not llamacpp_engine.available() and not os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP"),
+                                    reason="llama-cpp-python is not installed")
+
+
+def greedy(slot, prompt: list[int], n: int) -> tuple[list[int], np.ndarray, int]:
+    """Prefill, then n greedy tokens: the tokens, the first logits, and how many prompt tokens were reused."""
+    reused = slot.prefill(prompt)
+    first = slot.logits().copy()
+    out = [int(np.argmax(first))]
+    for _ in range(n - 1):
+        slot.decode([out[-1]])
+        out.append(int(np.argmax(slot.logits())))
+    return out, first, reused
+
+
+@needs_llamacpp
+def test_restoring_equals_recomputing(smollm2, tmp_path):
+    cached = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=1024)
+    (slot,) = cached.new_slots(1, 2)
+    slot.state_cache = PromptCache(cached.state_identity(), 100 * MB, tmp_path, 100 * MB)
+    plain = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=1024)
+    (fresh,) = plain.new_slots(1, 2)
+    staying = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=1024)
+    (kept,) = staying.new_slots(1, 2)
+    tokenizer = cached.tokenizer
+    document = tokenizer.prompt("The history of the lighthouse. " * 40)
+    other = tokenizer.prompt("A recipe for bread with flour, water and salt. " * 30)
+    greedy(slot, document, 4)
+    greedy(slot, other, 4)  # the slot goes to another conversation: the first is saved
+    turn = document + tokenizer.encode(" What did the keepers do?")
+    restored, restored_logits, reused = greedy(slot, turn, 12)
+    assert reused >= len(document) - BLOCK  # the history came back from the cache
+    greedy(kept, document, 4)
+    in_slot, in_slot_logits, _ = greedy(kept, turn, 12)  # the same turn, its history never having left the slot
+    assert restored == in_slot and np.allclose(restored_logits, in_slot_logits, atol=1e-4)
+    recomputed, recomputed_logits, _ = greedy(fresh, turn, 12)  # all of it evaluated again, in other batches
+    assert restored == recomputed and np.allclose(restored_logits, recomputed_logits, atol=0.5)
+    assert slot.state_cache.take_counts().hits == 1
+
+
+@needs_llamacpp
+def test_a_returning_conversation_is_served_from_the_cache_after_a_restart(smollm2, tmp_path):
+    models = '{"smol": {"path": "%s", "engine": "llama.cpp", "context_length": 2048}}' % smollm2
+    env = {"KRONK_MODELS": models, "KRONK_PARALLEL": 1, "KRONK_THREADS": 2,
+           "KRONK_PROMPT_CACHE_DIR": str(tmp_path / "prompt-cache")}
+    document = "The history of the lighthouse keepers of the northern coast. " * 30
+    ask = [{"role": "user", "content": document + "\nWho were they?"}]
+    with run_server(tmp_path, env) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+        first = client.chat.completions.create(model="smol", messages=ask, max_tokens=8, temperature=0)
+        client.chat.completions.create(model="smol", max_tokens=4, temperature=0, messages=[
+            {"role": "user", "content": "A recipe for bread with flour, water and salt. " * 20}])
+        turn = ask + [{"role": "assistant", "content": first.choices[0].message.content},
+                      {"role": "user", "content": "And then?"}]
+        second = client.chat.completions.create(model="smol", messages=turn, max_tokens=4, temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens >= 0.9 * first.usage.prompt_tokens
+        assert metric(server, "kronk_prompt_cache_events_total", model="smol", event="hits") >= 1
+    with run_server(tmp_path, env) as server:  # a new server: RAM is gone, the disk tier is not
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+        again = client.chat.completions.create(model="smol", messages=turn, max_tokens=4, temperature=0)
+        assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * first.usage.prompt_tokens
+        assert again.choices[0].message.content == second.choices[0].message.content

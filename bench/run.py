@@ -6,6 +6,7 @@
     python bench/run.py --grammar [--tokens 200]
     python bench/run.py --engines [--tokens 100] [--rounds 7] [--llama-server PATH]
     python bench/run.py --chunks
+    python bench/run.py --conversations [--llama-server PATH]
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -24,13 +25,20 @@ rate, time to first token for a ~1,000-word prompt, uncached and then repeated
 with a few more words (a chat's next turn), and two and four concurrent
 streams' aggregate rates, with their ratios to llama-server. ``--chunks`` times
 ctransformers' prefill of a 600-token prompt per chunk size (engine alone, one
-thread), on the medium model and on SmolLM2.
+thread), on the medium model and on SmolLM2. ``--conversations`` plays six
+conversations of three turns, each with its own ~600-token document, round robin,
+on SmolLM2 with llama.cpp (two slots, two threads), with the prompt cache and
+without it (and on llama-server when given its binary), turn by turn, order
+alternating: time to first token of first and later turns, and the share of later
+turns' prompts served from a cache; then a server restart, and a returning
+conversation's next turn.
 """
 
 import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -359,6 +367,91 @@ ENGINE_MEASURES = [
 ]
 
 
+def chat_turn(url: str, messages: list[dict], tokens: int = 8) -> dict:
+    """One streamed chat turn, greedy: time to first content, the reply, prompt and cached tokens."""
+    body = {"model": "bench", "messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    started, first, text, usage = time.perf_counter(), None, "", {}
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as response:
+        for line in response.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            delta = chunk["choices"][0]["delta"].get("content") if chunk.get("choices") else None
+            if delta:
+                first = first or time.perf_counter()
+                text += delta
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"ttft_s": (first or time.perf_counter()) - started, "text": text,
+            "prompt_tokens": usage.get("prompt_tokens", 0), "cached_tokens": cached}
+
+
+TOPICS = ["lighthouses", "bread", "glaciers", "violins", "railways", "honeybees"]
+
+
+def conversations(llama_server: Optional[str]) -> list[tuple[str, str]]:
+    """Six conversations beyond two slots, with and without the prompt cache (and llama-server), in turns."""
+    path = fetch_smollm2()
+    workdir = ROOT / "bench" / "results" / "conversations"
+    workdir.mkdir(parents=True, exist_ok=True)
+    cache_dir = workdir / "prompt-cache"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    models = json.dumps({"bench": {"path": str(path), "engine": "llama.cpp", "context_length": 4096}})
+    base = {"KRONK_MODELS": models, "KRONK_PARALLEL": 2, "KRONK_THREADS": 2}
+    configs = {"cache": {**base, "KRONK_PROMPT_CACHE_DIR": str(cache_dir)},
+               "no cache": {**base, "KRONK_PROMPT_CACHE_RAM_MB": 0, "KRONK_PROMPT_CACHE_DISK_MB": 0}}
+    documents = [f"A document about {topic}. " + " ".join(f"Fact {i} about {topic} is worth knowing." for i in range(70))
+                 for topic in TOPICS]
+    asks = ["Summarize it.", "What is the most surprising fact?", "And the second?"]
+    history = {name: [[{"role": "user", "content": f"{doc}\n\n{asks[0]}"}] for doc in documents]
+               for name in [*configs, *(["llama-server"] if llama_server else [])]}
+    turns: dict[str, list[dict]] = {name: [] for name in history}
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(run_server(workdir, env)).url for name, env in configs.items()}
+        if llama_server:
+            urls["llama-server"] = stack.enter_context(llama_server_running(llama_server, path, 2, 2, 4096))
+        for turn in range(3):
+            for c in range(len(documents)):
+                order = list(urls) if (turn * len(documents) + c) % 2 == 0 else list(reversed(urls))
+                for name in order:
+                    result = chat_turn(urls[name], history[name][c])
+                    turns[name].append({"turn": turn, **result})
+                    history[name][c] += [{"role": "assistant", "content": result["text"]}]
+                    if turn < 2:
+                        history[name][c] += [{"role": "user", "content": asks[turn + 1]}]
+                    else:
+                        history[name][c] += [{"role": "user", "content": "Thank you."}]
+    with run_server(workdir, configs["cache"]) as server:  # restarted: RAM empty, the disk tier kept
+        restarted = [chat_turn(server.url, history["cache"][c]) for c in range(2)]
+    with run_server(workdir, configs["no cache"]) as server:
+        cold = [chat_turn(server.url, history["no cache"][c]) for c in range(2)]
+    (workdir / "latest.json").write_text(json.dumps({"turns": turns, "restarted": restarted, "cold": cold}, indent=2))
+
+    def median(name: str, later: bool, key: str = "ttft_s") -> float:
+        return statistics.median(t[key] for t in turns[name] if (t["turn"] > 0) == later)
+
+    def served(name: str) -> float:
+        later = [t for t in turns[name] if t["turn"] > 0]
+        return sum(t["cached_tokens"] for t in later) / sum(t["prompt_tokens"] for t in later)
+
+    rows = []
+    for name in turns:
+        rows += [(f"{name}: first turns, median time to first token, s", f"{median(name, False):.3f}"),
+                 (f"{name}: later turns, median time to first token, s", f"{median(name, True):.3f}"),
+                 (f"{name}: later turns, prompt served from a cache", f"{100 * served(name):.0f}%")]
+    rows += [("cache / no cache, later turns' time to first token", f"{median('cache', True) / median('no cache', True):.3f}"),
+             ("cache / no cache, first turns' time to first token", f"{median('cache', False) / median('no cache', False):.3f}")]
+    if llama_server:
+        rows += [("cache / llama-server, later turns' time to first token",
+                  f"{median('cache', True) / median('llama-server', True):.3f}")]
+    after = statistics.median(t["ttft_s"] for t in restarted) / statistics.median(t["ttft_s"] for t in cold)
+    share = sum(t["cached_tokens"] for t in restarted) / sum(t["prompt_tokens"] for t in restarted)
+    rows += [("after a restart: next turn's prompt restored from disk", f"{100 * share:.0f}%"),
+             ("after a restart: time to first token / uncached", f"{after:.3f}")]
+    return rows
+
+
 def engines_side_by_side(tokens: int, llama_server: Optional[str], rounds: int) -> list[tuple[str, str]]:
     """SmolLM2 on ctransformers, on llama.cpp and (if given) on llama-server, all running, measured in turns.
 
@@ -441,8 +534,9 @@ def main() -> None:
     parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
+    parser.add_argument("--conversations", action="store_true", help="six conversations beyond two slots instead")
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
-    parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines)")
+    parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines)")
     args = parser.parse_args()
     if args.engines:
@@ -456,6 +550,9 @@ def main() -> None:
         return
     if args.chunks:
         print_rows(prefill_chunks())
+        return
+    if args.conversations:
+        print_rows(conversations(args.llama_server))
         return
     if args.model == "smollm2":
         print_rows(real_model(args.tokens))

@@ -38,9 +38,19 @@ def _model_row(model_id: str) -> dict:
             "slots": kronk.settings.parallel, "busy_slots": kronk.settings.parallel - free,
             "queued": max(0, admitted - (kronk.settings.parallel - free)), "places": loaded.places,
             "idle_seconds": None if loaded.in_use else round(time.monotonic() - loaded.last_used, 1),
-            "tools": loaded.template.tool_rendering,
+            "tools": loaded.template.tool_rendering, "prompt_cache": _cache_row(loaded.prompt_cache),
         })
     return row
+
+
+def _cache_row(cache) -> Optional[dict]:
+    """What a model's prompt cache holds (None: its engine saves no states, or the cache is off)."""
+    if cache is None:
+        return None
+    ram, disk = cache.held()
+    return {"ram_mb": round(ram / 1e6, 1), "ram_budget_mb": round(cache.ram_bytes / 1e6),
+            "disk_mb": round(disk / 1e6, 1), "disk_budget_mb": round(cache.disk_bytes / 1e6),
+            "dir": str(cache.disk_dir) if cache.disk_dir else None}
 
 
 @bp.get("/admin/models")

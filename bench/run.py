@@ -411,6 +411,8 @@ def conversations(llama_server: Optional[str]) -> list[tuple[str, str]]:
         urls = {name: stack.enter_context(run_server(workdir, env)).url for name, env in configs.items()}
         if llama_server:
             urls["llama-server"] = stack.enter_context(llama_server_running(llama_server, path, 2, 2, 4096))
+        for url in urls.values():
+            chat_turn(url, [{"role": "user", "content": "Hello"}], 2)  # warm up: the first decode calls are slower
         for turn in range(3):
             for c in range(len(documents)):
                 order = list(urls) if (turn * len(documents) + c) % 2 == 0 else list(reversed(urls))

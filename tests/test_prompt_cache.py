@@ -57,6 +57,7 @@ def test_workers_share_the_disk_tier_and_a_restart_keeps_it(tmp_path):
     conversation = tokens(5, 3 * BLOCK)
     one = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)
     one.put(conversation, state(5000, 7))
+    one.flush()
     other = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)  # another worker, or after a restart
     shared, _, saved = other.find(conversation + tokens(6, 20))
     assert shared == len(conversation) and saved == state(5000, 7)
@@ -69,6 +70,7 @@ def test_corrupt_truncated_and_foreign_disk_entries_are_ignored_and_counted(tmp_
     conversations = [tokens(10 + i, 2 * BLOCK) for i in range(4)]
     for conversation in conversations[:3]:
         writer.put(conversation, state(20_000, 3))
+    writer.flush()
     flipped, cut, kept = sorted(Path(writer.disk_dir).glob("*" + SUFFIX))
     data = bytearray(flipped.read_bytes())
     data[-100] ^= 1  # one bit of the state
@@ -76,6 +78,7 @@ def test_corrupt_truncated_and_foreign_disk_entries_are_ignored_and_counted(tmp_
     cut.write_bytes(cut.read_bytes()[:5000])  # a write cut short
     foreign = PromptCache("model b", 0, tmp_path / "b", 100 * MB)  # another file's entry, under this one's name
     foreign.put(conversations[3], state(20_000, 4))
+    foreign.flush()
     (written,) = Path(foreign.disk_dir).glob("*" + SUFFIX)
     os.replace(written, Path(writer.disk_dir) / written.name)
     reader = PromptCache("model a", 0, tmp_path, 100 * MB)
@@ -89,6 +92,7 @@ def test_the_disk_budget_holds_under_a_stream_of_conversations(tmp_path):
     cache = PromptCache("model a", 0, tmp_path, 5 * 20_000)
     for i in range(20):
         cache.put(tokens(100 + i, 2 * BLOCK), state(19_000, i))
+    cache.flush()
     assert sum(f.stat().st_size for f in Path(cache.disk_dir).iterdir()) <= 5 * 20_000
     assert cache.take_counts().evicted_disk >= 15
 

@@ -150,6 +150,27 @@ def test_a_pick_reads_the_calls_logits_and_its_failure_reaches_the_slot(smollm2)
     assert slot.prefill(prompt + [first]) == 0 and int(np.argmax(slot.logits())) == second
 
 
+def test_a_dead_decode_thread_fails_its_calls_and_is_replaced(smollm2, monkeypatch):
+    engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=512)
+    (slot,) = engine.new_slots(1, 1)
+    prompt = engine.tokenizer.prompt("The capital of France is")
+    slot.prefill(prompt)
+    expected = int(np.argmax(slot.logits()))
+    take = llamacpp_engine._Batcher.take
+
+    def broken(self):
+        monkeypatch.setattr(llamacpp_engine._Batcher, "take", take)  # once
+        raise RuntimeError("a bug in the decode loop")
+
+    monkeypatch.setattr(llamacpp_engine._Batcher, "take", broken)
+    dying = llamacpp_engine._decode_thread
+    with pytest.raises(EngineError, match="decode thread stopped"):
+        slot.prefill(prompt + [1])  # answered, never left waiting
+    assert dying.dead is not None
+    assert slot.prefill(prompt) == 0 and int(np.argmax(slot.logits())) == expected  # a new thread serves it
+    assert llamacpp_engine._decode_thread is not dying
+
+
 def test_slots_share_decode_calls(smollm2):
     engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=512)
     slots = engine.new_slots(3, 1)

@@ -34,6 +34,7 @@ except ImportError:  # the extra is not installed
 _allocate_lock = monkey.get_original("_thread", "allocate_lock")
 _monotonic = monkey.get_original("time", "monotonic")
 _start_thread = monkey.get_original("_thread", "start_new_thread")
+_get_ident = monkey.get_original("_thread", "get_ident")
 
 BATCH = 512  # tokens in one decode call: prompt chunks plus the other slots' next tokens
 SHARED_CHUNK = 64  # prompt tokens per call beside running streams, which wait for each call
@@ -48,22 +49,33 @@ def available() -> bool:
 
 
 _log_callback = None  # keeps llama.cpp's messages from stderr (it logs every load there otherwise)
-_errors: collections.deque = collections.deque(maxlen=4)  # its latest error messages, for our own errors
+# Its latest error messages, per calling thread (two models may load at once), for our own errors.
+_errors: collections.defaultdict = collections.defaultdict(lambda: collections.deque(maxlen=4))
 LOG_ERROR = 4  # ggml's log level of errors
+_backend_lock = _allocate_lock()  # the backend starts once, and a dead decode thread is replaced once
 
 
 def _keep_errors(level: int, text: bytes, user_data) -> None:
     if level == LOG_ERROR and text.strip():
-        _errors.append(text.decode("utf-8", "replace").strip())
+        _errors[_get_ident()].append(text.decode("utf-8", "replace").strip())
 
 
 def _start_backend() -> None:
-    global _log_callback, _decode_thread
-    if _log_callback is None:
-        _log_callback = llama_cpp.llama_log_callback(_keep_errors)
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
-        llama_cpp.llama_backend_init()
-        _decode_thread = _DecodeThread()
+    global _log_callback
+    with _backend_lock:
+        if _log_callback is None:
+            _log_callback = llama_cpp.llama_log_callback(_keep_errors)
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
+            llama_cpp.llama_backend_init()
+
+
+def _live_decode_thread() -> "_DecodeThread":
+    """The decode thread; a new one if there is none yet or the last one died (its calls failed, none hang)."""
+    global _decode_thread
+    with _backend_lock:
+        if _decode_thread is None or _decode_thread.dead is not None:
+            _decode_thread = _DecodeThread()
+        return _decode_thread
 
 
 class _ThreadpoolParams(ctypes.Structure):
@@ -127,8 +139,7 @@ class _AbortFlag:
 
 
 def _failure(what: str) -> EngineError:
-    said = "; ".join(_errors)
-    _errors.clear()
+    said = "; ".join(_errors.pop(_get_ident(), ()))
     return EngineError(what + (f" (llama.cpp: {said})" if said else ""))
 
 
@@ -176,11 +187,16 @@ class _DecodeThread:
         self._wake.acquire()  # released by submit() while the thread sleeps
         self._sleeping = False
         self._ready: collections.deque = collections.deque()  # batchers with waiting calls, in turn
+        self.dead: Optional[str] = None  # why the thread died, if it did
+        self._current: Optional["_Batcher"] = None  # the batcher being served
         _start_thread(self._serve, ())
 
     def submit(self, batcher: "_Batcher", call: _Call, cancelled: Optional[Callable[[], bool]]) -> None:
         """Queue a call and wait until it is done; once ``cancelled()``, abort it if it runs alone."""
         with self._lock:
+            if self.dead is not None:
+                call.error = self.dead
+                return
             batcher.waiting.append(call)
             if batcher not in self._ready:
                 self._ready.append(batcher)
@@ -207,11 +223,31 @@ class _DecodeThread:
             self._sleeping = False
 
     def _serve(self) -> None:
+        try:
+            self._serve_calls()
+        except BaseException as exc:  # a bug here must not leave every slot waiting for ever
+            self._die(f"the llama.cpp decode thread stopped: {exc!r}")
+
+    def _die(self, reason: str) -> None:
+        """Fail every call waiting or running; later calls go to a new thread (_live_decode_thread)."""
+        with self._lock:
+            self.dead = reason
+            batchers = set(self._ready) | ({self._current} if self._current is not None else set())
+            calls = [c for batcher in batchers for c in batcher.waiting + batcher.running]
+            for batcher in batchers:
+                batcher.waiting, batcher.running = [], []
+            self._ready.clear()
+        for call in calls:
+            call.error = reason
+            if call.done.locked():
+                call.done.release()
+
+    def _serve_calls(self) -> None:
         while True:
             with self._lock:
                 while self._ready and not self._ready[0].waiting:  # its calls went in an earlier round
                     self._ready.popleft()
-                batcher = self._ready.popleft() if self._ready else None
+                batcher = self._current = self._ready.popleft() if self._ready else None
                 self._sleeping = batcher is None
             if batcher is None:
                 self._sleep(-1)
@@ -262,7 +298,7 @@ class _Batcher:
 
     def decode(self, call: _Call, cancelled: Optional[Callable[[], bool]] = None) -> None:
         """Evaluate a call's tokens, in one decode call with the other slots' waiting tokens."""
-        _decode_thread.submit(self, call, cancelled)
+        _live_decode_thread().submit(self, call, cancelled)
 
     def gather_deadline(self) -> float:
         """GATHER_SECONDS after the last call ended: slots of that call not back by then have ended their streams."""
@@ -465,7 +501,7 @@ class LlamaCppEngine(Engine):
         _start_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = options.gpu_layers
-        _errors.clear()
+        _errors.pop(_get_ident(), None)
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise _failure(f"llama.cpp could not load {path.name}")

@@ -16,7 +16,7 @@ from .api.protocols import PROTOCOLS
 from .api.response_store import ResponseStore
 from .api.sealing import Sealer
 from .api.state import KronkState
-from .config import FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
+from .config import LOOPBACK_HOSTS, FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
 from .logs import configure_logging
 from .metrics import Metrics
 from .serving.pool import ModelPool, ModelUnavailable
@@ -85,6 +85,9 @@ def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:
     app = Flask("kronk_wsgi")
     app.config.update(read_config())
     app.config.update(config or {})
+    settings = settings_from_config(app.config)
+    if not settings.allowed_hosts and settings.loopback_bind():
+        app.config[config_key("allowed_hosts")] = list(LOOPBACK_HOSTS)
     Kronk(app, serve_root=True)
     # The standalone server is all API: paths outside kronk_wsgi's routes answer in JSON too.
     app.register_error_handler(

@@ -15,6 +15,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 DEMO_MODEL_ID = "kronk-demo"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 class ConfigError(ValueError):
@@ -80,6 +81,9 @@ class Settings(BaseModel):
     api_keys: list[str] = Field(default_factory=list)  # empty: no auth
     admin_keys: list[str] = Field(default_factory=list)  # for /admin; empty: open only if api_keys is empty too
     cors_origins: list[str] = Field(default_factory=list)  # web origins allowed to call the API ("*": any)
+    # Host header names served ("*": any); empty: any, except the standalone server bound to a loopback
+    # address, which serves the loopback names only (a DNS-rebinding page names its own host)
+    allowed_hosts: list[str] = Field(default_factory=list)
     responses_db: Optional[str] = None  # the SQLite file of stored Responses; default: in the cache directory
     responses_keep: int = Field(10_000, ge=1)  # stored Responses kept; the oldest go first
     responses_max_mb: int = Field(512, ge=1)  # and at most this much of them
@@ -112,7 +116,7 @@ class Settings(BaseModel):
             models[model_id.strip()] = {"path": path.strip()}
         return models
 
-    @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", mode="before")
+    @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", "allowed_hosts", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         """From the environment: comma-separated, or a JSON list."""
@@ -149,6 +153,11 @@ class Settings(BaseModel):
         if self.default_model not in self.models:
             raise ValueError(f"default_model {self.default_model!r} is not one of the models {sorted(self.models)}")
         return self
+
+    def loopback_bind(self) -> bool:
+        """Whether the server listens on a loopback address only."""
+        host = self.bind.rpartition(":")[0].strip("[]") if ":" in self.bind else self.bind
+        return host in LOOPBACK_HOSTS
 
     def prompt_cache_ram_bytes(self) -> int:
         if self.prompt_cache_ram_mb is not None:

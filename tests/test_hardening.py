@@ -80,7 +80,7 @@ def small_bodies(tiny_model, tmp_path_factory):
 def test_chunked_body_over_the_limit_is_413(small_bodies):
     payload = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x" * 10_000}]}).encode()
     with socket.create_connection((small_bodies.host, small_bodies.port), timeout=30) as sock:
-        head = (f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = (f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         sock.sendall(head.encode() + f"{len(payload):x}\r\n".encode() + payload + b"\r\n0\r\n\r\n")
         reply = b""
@@ -167,7 +167,7 @@ def test_a_body_that_never_arrives_gets_408_and_the_connection_closed(tiny_model
         stalled = []
         for _ in range(3):
             sock = socket.create_connection((server.host, server.port), timeout=60)
-            sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          "Content-Length: 100000\r\n\r\n{".encode())
             stalled.append(sock)
         for sock in stalled:

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from kronk_wsgi import catalog
+from kronk_wsgi.testing import run_server
 from kronk_wsgi.config import ModelSpec, Settings
 from kronk_wsgi.describe import footprint
 from kronk_wsgi.metrics import Metrics
@@ -105,6 +106,17 @@ def test_a_cross_site_request_is_refused_and_same_origin_and_curl_are_not(server
     curl_form = requests.post(server.url + CHAT, data=json.dumps(chat), timeout=30,
                               headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert curl_form.status_code == 400 and "JSON" in curl_form.json()["error"]["message"]
+
+
+def test_a_rebound_name_is_refused_on_a_loopback_server(server, tiny_model, tmp_path):
+    rebound = requests.get(server.url + "/v1/models", headers={"Host": f"attacker.example:{server.port}"}, timeout=30)
+    assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "host_not_allowed"
+    for name in ("localhost", "127.0.0.1", "[::1]"):
+        assert requests.get(server.url + "/v1/models", headers={"Host": f"{name}:{server.port}"}).status_code == 200
+    env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_ALLOWED_HOSTS": "llm.example.org"}
+    with run_server(tmp_path, env) as named:  # probes answer whatever the Host
+        assert requests.get(named.url + "/v1/models", headers={"Host": "llm.example.org"}).status_code == 200
+        assert requests.get(named.url + "/v1/models").status_code == 400  # only the names given
 
 
 @pytest.fixture

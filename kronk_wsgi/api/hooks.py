@@ -27,6 +27,20 @@ ADMIN_PATHS = ("/admin/", "/api/pull", "/api/delete", "/api/copy", "/api/create"
 CONSOLE_PATH = "/console"  # static pages: the console asks for a key itself
 
 
+def _check_host() -> None:
+    """400 for a Host header the server does not answer to (allowed_hosts): a page on another name that
+    resolves to this machine (DNS rebinding) sends its own. Probes are answered whatever their Host (a
+    balancer's or an orchestrator's name the instance by its address)."""
+    allowed = state().settings.allowed_hosts
+    if not allowed or "*" in allowed or api_path() in OPEN_PATHS:
+        return
+    host = request.host.lower()
+    name = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] if ":" in host else host
+    if name not in allowed:
+        raise ApiError(400, f"the Host {host[:100]!r} is not one this server answers to (allowed_hosts)",
+                       code="host_not_allowed")
+
+
 def _check_origin() -> None:
     """403 for a browser's cross-site request: an Origin that is neither this server's nor an allowed CORS origin.
 
@@ -78,6 +92,7 @@ def _start() -> None:
     structlog.contextvars.bind_contextvars(request_id=request_id)
     log.info("request started", method=request.method, path=request.path)
     request.max_content_length = state().settings.max_body_bytes
+    _check_host()
     _check_origin()
     _check_auth()
 

@@ -3,6 +3,7 @@
     python bench/run.py [--tokens 400] [--size medium]
     python bench/run.py --model smollm2 [--tokens 200]
     python bench/run.py --storm
+    python bench/run.py --idle
     python bench/run.py --grammar [--tokens 200]
     python bench/run.py --engines [--tokens 100] [--rounds 7] [--llama-server PATH]
     python bench/run.py --chunks
@@ -39,6 +40,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -528,12 +530,70 @@ def body_storm() -> list[tuple[str, str]]:
     ]
 
 
+def idle_flood(connections: int = 3000) -> list[tuple[str, str]]:
+    """``connections`` idle connections (opened, nothing sent) against one worker, beside a quiet baseline:
+    liveness on fresh connections, and the largest gap of a stream that was running before they came."""
+    path = ensure_demo_model("tiny")
+    models = {"slow": {"path": str(path), "engine": "kronk_wsgi.testing.faulty:KIND"}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_TEST_STEP_DELAY": "0.05"}
+    workdir = ROOT / "bench" / "results" / "idle"
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def fresh(url: str) -> list[float]:  # a new connection each time, as a balancer's probe makes
+        out = []
+        for _ in range(40):
+            started = time.perf_counter()
+            requests.get(url + "/v1/liveness", timeout=120)
+            out.append(time.perf_counter() - started)
+        return sorted(out)
+
+    with run_server(workdir, env) as server:
+        quiet = fresh(server.url)
+        arrivals: list[float] = []
+        body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "stream": True,
+                "logit_bias": {"2": -100}}
+
+        def stream() -> None:
+            with requests.post(server.url + "/v1/chat/completions", json=body, stream=True, timeout=120) as response:
+                for line in response.iter_lines():
+                    if line.startswith(b"data: {"):
+                        arrivals.append(time.perf_counter())
+
+        runner = threading.Thread(target=stream)
+        runner.start()
+        time.sleep(1.0)
+        idle = []
+        for _ in range(connections):
+            sock = socket.socket()
+            sock.setblocking(False)
+            try:
+                sock.connect((server.host, server.port))
+            except BlockingIOError:
+                pass
+            idle.append(sock)
+        flooded = fresh(server.url)
+        runner.join()
+        for sock in idle:
+            sock.close()
+    gap = max(b - a for a, b in zip(arrivals, arrivals[1:]))
+
+    def shown(latencies: list[float]) -> str:
+        return f"{1000 * latencies[len(latencies) // 2]:.1f} / {1000 * latencies[-1]:.1f}"
+
+    return [
+        ("liveness p50 / max, quiet, ms", shown(quiet)),
+        (f"liveness p50 / max, {connections} idle connections, ms (goal max < 250)", shown(flooded)),
+        ("largest gap in the running stream, ms (a token every 50 ms; goal < 1000)", f"{1000 * gap:.0f}"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--size", default="medium", choices=["tiny", "medium"])
     parser.add_argument("--model", default="demo", choices=["demo", "smollm2"])
     parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
+    parser.add_argument("--idle", action="store_true", help="3,000 idle connections instead")
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--conversations", action="store_true", help="six conversations beyond two slots instead")
@@ -546,6 +606,9 @@ def main() -> None:
         return
     if args.storm:
         print_rows(body_storm())
+        return
+    if args.idle:
+        print_rows(idle_flood())
         return
     if args.grammar:
         print_rows(grammar_cost(args.tokens))

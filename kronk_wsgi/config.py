@@ -90,6 +90,7 @@ class Settings(BaseModel):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_body_values: int = Field(20_000, ge=100)  # JSON values in one body (validation time grows with them)
     body_timeout: float = Field(30.0, gt=0)  # seconds for a request body to arrive (408 after)
+    write_timeout: float = Field(60.0, gt=0)  # seconds one write of a response may take before the server hangs up
     max_loaded_models: Optional[int] = Field(None, ge=1)  # models loaded at once per worker; None: no limit
     max_memory_mb: Optional[int] = Field(None, ge=1)  # estimated memory of loaded models per worker; None: no limit
     idle_unload_seconds: Optional[float] = Field(None, gt=0)  # unload a model unused this long (not the default)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from .config import ConfigError, config_key, read_config, settings_from_config
 # Settings both `kronk-wsgi serve` and conf/gunicorn.conf.py use.
 GUNICORN_DEFAULTS = {
     "worker_class": "gevent",
-    "worker_connections": 1000,
+    "worker_connections": 10000,
     "timeout": 30,  # gevent: fires only when the loop is blocked; engine calls never block it
     "keepalive": 5,
     "preload_app": False,  # gevent patches after fork: every worker builds its own app
@@ -90,9 +91,19 @@ def _announce(worker, kronk) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def _open_files(wanted: int) -> None:
+    """Raise the soft limit of open files towards ``wanted`` (at most the hard limit): the workers inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def on_starting(server) -> None:
-    """Validate the configuration in the master before any worker starts; give the workers a metrics directory."""
+    """Validate the configuration in the master before any worker starts; give the workers a metrics directory
+    and room for their connections."""
     os.environ[config_key("workers")] = str(server.cfg.workers)
+    _open_files(server.cfg.worker_connections + 1024)  # connections, plus models, threads and files
     # Before any worker imports prometheus_client: the directory decides how every value is kept.
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = server.kronk_metrics_dir = tempfile.mkdtemp(prefix="kronk-metrics-")

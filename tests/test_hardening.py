@@ -14,7 +14,7 @@ from flask import Flask
 from kronk_wsgi import Kronk
 from kronk_wsgi.config import ConfigError, read_config, settings_from_config
 
-from .conftest import ROOT, run_server
+from .conftest import ROOT, metric, run_server
 from kronk_wsgi.testing.rawhttp import RawStream
 from kronk_wsgi.testing.storm import storm
 
@@ -235,3 +235,26 @@ def test_metrics_report_every_worker(tiny_model, tmp_path):
             while (counted := liveness_count(server)) != asked:
                 assert counted < asked and time.monotonic() < deadline
 
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_stops_reading_is_hung_up_on(tiny_model, tmp_path, stream):
+    models = json.dumps({"tiny": {"path": str(tiny_model), "engine": "kronk_wsgi.testing.faulty:KIND"}})
+    env = {"KRONK_MODELS": models, "KRONK_TEST_NO_EOS": 1, "KRONK_WRITE_TIMEOUT": 1}
+    with run_server(tmp_path, env) as server:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, never read
+        sock.connect((server.host, server.port))
+        # About 8 MB of answer: more than the server's send buffer (4 MB at most) and the client's window
+        body = json.dumps({"model": "tiny", "messages": HI, "max_tokens": 400, "n": 16, "logprobs": True,
+                           "top_logprobs": 20, "stream": stream}).encode()
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.monotonic() + 120
+        while '"outcome": "write_timeout"' not in server.logs():
+            assert time.monotonic() < deadline, server.logs()[-2000:]
+            time.sleep(0.2)
+        assert "client stopped reading" in server.logs() and "Traceback" not in server.logs()
+        sock.close()
+        assert server.post(CHAT, {"model": "tiny", "messages": HI, "max_tokens": 2}).status_code == 200
+        assert metric(server, "kronk_active_generations", model="tiny") == 0

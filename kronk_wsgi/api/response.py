@@ -10,8 +10,14 @@ the body, and the session is closed however the stream ends.
 """
 
 import abc
-from typing import Iterator
+import os
+import socket
+import time
+from typing import Iterable, Iterator, Optional
 
+import flask
+import gevent
+import structlog
 from flask import Response
 
 from ..serving import offload
@@ -27,6 +33,50 @@ from .state import record, state
 
 # The status of an answer that is not streamed, by how its generation failed.
 FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
+WHOLE_CHUNK = 1 << 20  # a whole answer goes out a megabyte at a time, each write watched
+
+log = structlog.get_logger("kronk_wsgi.http")
+
+
+class WriteWatch:
+    """Hangs up on a client that stops reading: a write of the body that does not finish within ``timeout``.
+
+    The server writes each piece the body yields before asking for the next, so the time since a yield
+    that has not come back is the time its write has taken. Without a socket (another WSGI server) it
+    watches nothing.
+    """
+
+    def __init__(self, sock: Optional[socket.socket], timeout: float, stats=None) -> None:
+        self.sock, self.timeout, self.stats = sock, timeout, stats
+        self.since: Optional[float] = None  # when the write under way began
+        self._watcher = gevent.spawn(self._watch) if sock is not None else None
+
+    def body(self, pieces: Iterable) -> Iterator:
+        """The pieces, each timed while the server writes it."""
+        try:
+            for piece in pieces:
+                self.since = time.monotonic()
+                yield piece
+                self.since = None
+        finally:
+            if self._watcher is not None:
+                self._watcher.kill(block=False)
+
+    def _watch(self) -> None:
+        while True:
+            gevent.sleep(min(1.0, self.timeout / 2))
+            if self.since is not None and time.monotonic() - self.since > self.timeout:
+                log.warning("client stopped reading", write_timeout=self.timeout)
+                if self.stats is not None:
+                    self.stats.outcome = "write_timeout"
+                try:
+                    # Through a duplicate of its descriptor: the blocked write then fails as any broken
+                    # connection's does (EPIPE), not as a socket closed under it.
+                    with socket.socket(fileno=os.dup(self.sock.fileno())) as twin:
+                        twin.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
 
 
 class Encoder(abc.ABC):
@@ -96,13 +146,24 @@ def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
     """The response to a generation: a stream in the protocol's framing, or the whole answer once it is done."""
     record().session = None  # this response closes it
     if stream:
-        response = encoder.protocol.stream(_closing(session, encoder))
+        response = encoder.protocol.stream(watched(_closing(session, encoder), session.stats))
         response.call_on_close(session.close)
         return response
     output, finished = run_to_end(session)
     answer = encoder.whole(output, finished)
     # Off the event loop: n choices of long answers with their log probabilities make tens of megabytes of JSON.
-    return Response(offload.call(state().body_thread, compact_json, answer), mimetype="application/json")
+    body = offload.call(state().body_thread, compact_json, answer).encode()
+    pieces = (body[i:i + WHOLE_CHUNK] for i in range(0, len(body), WHOLE_CHUNK))
+    response = Response(watched(pieces, record()), mimetype="application/json")
+    response.headers["Content-Length"] = str(len(body))
+    return response
+
+
+def watched(pieces: Iterable, stats=None) -> Iterator:
+    """A response body whose writes time out after the write_timeout setting (see WriteWatch); ``stats`` (a
+    session's, or the request's record) gets the outcome."""
+    sock = flask.request.environ.get("gunicorn.socket")
+    return WriteWatch(sock, state().settings.write_timeout, stats).body(pieces)
 
 
 def _closing(session: Session, encoder: Encoder) -> Iterator[str]:

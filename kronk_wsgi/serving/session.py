@@ -32,7 +32,7 @@ OUTPUT = (TextDelta, ReasoningDelta, Logprobs, ToolCall, ChoiceEnd, Embedding)
 class GenerationStats:
     """How a generation went: read by request logging and metrics."""
 
-    outcome: str = ""  # ok, error, timeout, client_gone, shutdown
+    outcome: str = ""  # ok, error, timeout, client_gone, shutdown, write_timeout
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

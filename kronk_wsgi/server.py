@@ -19,6 +19,9 @@ GUNICORN_DEFAULTS = {
     "timeout": 30,  # gevent: fires only when the loop is blocked; engine calls never block it
     "keepalive": 5,
     "preload_app": False,  # gevent patches after fork: every worker builds its own app
+    # gunicorn's control socket is one path per user (~/.gunicorn/gunicorn.ctl): two instances on one machine
+    # would take it from each other. kronk-wsgi has no use for it.
+    "control_socket_disable": True,
 }
 
 # After the drain deadline, streams end with an in-band error: gunicorn must wait that long, and a little more.

@@ -101,11 +101,8 @@ class Slot(abc.ABC):
         restore the saved state that shares most with the prompt, if it shares more than the slot; the tokens
         kept."""
         cache = self.state_cache
-        if len(self.cached) - keep >= MIN_TOKENS and not cache.holds(self.cached):
-            try:
-                cache.put(self.cached, self.save_state())
-            except EngineError:
-                pass  # not saved: its next turn evaluates its prompt again
+        if len(self.cached) - keep >= MIN_TOKENS:
+            self.keep_state()
         found = cache.find(tokens)
         if found is None or min(found[0], len(tokens) - 1) <= keep:
             return keep
@@ -116,6 +113,16 @@ class Slot(abc.ABC):
             self.cached.clear()  # the cache may hold anything now
             return 0
         return min(shared, len(tokens) - 1)
+
+    def keep_state(self) -> None:
+        """Save what the slot holds into its state cache, unless it is there already (or too short to be worth it)."""
+        cache = self.state_cache
+        if cache is None or len(self.cached) < MIN_TOKENS or cache.holds(self.cached):
+            return
+        try:
+            cache.put(self.cached, self.save_state())
+        except EngineError:
+            pass  # not saved: its next turn evaluates its prompt again
 
     def save_state(self) -> bytes:
         """The KV state of the tokens the slot holds (engines with a state API: see PromptCache)."""

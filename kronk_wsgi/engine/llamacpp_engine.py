@@ -442,9 +442,12 @@ class LlamaCppSlot(Slot):
 
         def save() -> bytes:
             size = llama_cpp.llama_state_seq_get_size(ctx, seq)
-            buffer = (ctypes.c_uint8 * size)()
-            written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, seq)
-            return ctypes.string_at(buffer, written)
+            state = bytearray(size)  # written in place: a state of a long prompt is tens of megabytes
+            view = (ctypes.c_uint8 * size).from_buffer(state)
+            written = llama_cpp.llama_state_seq_get_data(ctx, view, size, seq)
+            del view
+            del state[written:]
+            return state
 
         return self._alone(save)
 
@@ -453,7 +456,8 @@ class LlamaCppSlot(Slot):
 
         def load() -> int:
             llama_cpp.llama_memory_seq_rm(memory, seq, -1, -1)
-            buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+            kind = ctypes.c_uint8 * len(state)
+            buffer = kind.from_buffer(state) if isinstance(state, bytearray) else kind.from_buffer_copy(state)
             return llama_cpp.llama_state_seq_set_data(ctx, buffer, len(state), seq)
 
         self._kv_end = 0

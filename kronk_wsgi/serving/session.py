@@ -59,6 +59,8 @@ def _drive(job: Job, slot: Slot, context_length: int, cancel: _Cancel, channel: 
         pass
     except Exception as exc:  # the engine's failure becomes an in-band event
         channel.put((time.monotonic(), exc))
+    else:
+        slot.keep_state()  # the answer is out: the next prompt that takes this slot does not wait for the save
 
 
 class Session:

@@ -58,7 +58,6 @@ def test_workers_share_the_disk_tier_and_a_restart_keeps_it(tmp_path):
     conversation = tokens(5, 3 * BLOCK)
     one = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)
     one.put(conversation, state(5000, 7))
-    one.flush()
     other = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)  # another worker, or after a restart
     shared, _, saved = other.find(conversation + tokens(6, 20))
     assert shared == len(conversation) and saved == state(5000, 7)
@@ -71,7 +70,6 @@ def test_corrupt_truncated_and_foreign_disk_entries_are_ignored_and_counted(tmp_
     conversations = [tokens(10 + i, 2 * BLOCK) for i in range(4)]
     for conversation in conversations[:3]:
         writer.put(conversation, state(20_000, 3))
-    writer.flush()
     flipped, cut, kept = sorted(Path(writer.disk_dir).glob("*" + SUFFIX))
     data = bytearray(flipped.read_bytes())
     data[-100] ^= 1  # one bit of the state
@@ -79,7 +77,6 @@ def test_corrupt_truncated_and_foreign_disk_entries_are_ignored_and_counted(tmp_
     cut.write_bytes(cut.read_bytes()[:5000])  # a write cut short
     foreign = PromptCache("model b", 0, tmp_path / "b", 100 * MB)  # another file's entry, under this one's name
     foreign.put(conversations[3], state(20_000, 4))
-    foreign.flush()
     (written,) = Path(foreign.disk_dir).glob("*" + SUFFIX)
     os.replace(written, Path(writer.disk_dir) / written.name)
     reader = PromptCache("model a", 0, tmp_path, 100 * MB)
@@ -93,7 +90,6 @@ def test_the_disk_budget_holds_under_a_stream_of_conversations(tmp_path):
     cache = PromptCache("model a", 0, tmp_path, 5 * 20_000)
     for i in range(20):
         cache.put(tokens(100 + i, 2 * BLOCK), state(19_000, i))
-    cache.flush()
     assert sum(f.stat().st_size for f in Path(cache.disk_dir).iterdir()) <= 5 * 20_000
     assert cache.take_counts().evicted_disk >= 15
 
@@ -163,3 +159,34 @@ def test_a_returning_conversation_is_served_from_the_cache_after_a_restart(smoll
         again = client.chat.completions.create(model="smol", messages=turn, max_tokens=4, temperature=0)
         assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * first.usage.prompt_tokens
         assert again.choices[0].message.content == second.choices[0].message.content
+
+
+@needs_llamacpp
+def test_two_workers_serve_each_others_conversations_from_the_disk_tier(smollm2, tmp_path):
+    models = '{"smol": {"path": "%s", "engine": "llama.cpp", "context_length": 2048}}' % smollm2
+    env = {"KRONK_MODELS": models, "KRONK_WORKERS": 2, "KRONK_PARALLEL": 1, "KRONK_THREADS": 1,
+           "KRONK_PROMPT_CACHE_DIR": str(tmp_path / "prompt-cache")}
+    topics = ["lighthouses", "bread", "glaciers", "violins"]
+    with run_server(tmp_path, env) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+        def saved() -> float:
+            return metric(server, "kronk_prompt_cache_events_total", model="smol", event="saved")
+
+        def turn(messages: list[dict]) -> tuple[str, int, int]:
+            before = saved()
+            reply = client.chat.completions.create(model="smol", messages=messages, max_tokens=4, temperature=0)
+            deadline = time.monotonic() + 30  # the state is on disk once the saving is counted
+            while saved() <= before:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            usage = reply.usage
+            return reply.choices[0].message.content, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+
+        chats = [[{"role": "user", "content": f"Facts about {t}. " * 40 + "Summarize."}] for t in topics]
+        for chat in chats:
+            text, _, _ = turn(chat)
+            chat += [{"role": "assistant", "content": text}, {"role": "user", "content": "And then?"}]
+        for chat in chats:  # four conversations, two slots in two processes: each later turn found again
+            _, prompt, cached = turn(chat)
+            assert cached >= 0.9 * prompt

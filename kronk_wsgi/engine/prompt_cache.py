@@ -14,8 +14,8 @@ reads as valid. Every entry belongs to one identity (the model file, the
 engine's version and its context parameters): another identity's entries are
 never looked at.
 
-Slot threads call it at once: one lock (a real one, not gevent's) guards it. Disk writes go on in a thread
-of their own.
+Slot threads call it at once: one lock (a real one, not gevent's) guards it. A slot saves its state once its
+answer is out (the client does not wait for it), and the disk write is done before the slot is given back.
 """
 
 import collections
@@ -32,8 +32,6 @@ import numpy as np
 from gevent import monkey
 
 _allocate_lock = monkey.get_original("_thread", "allocate_lock")
-_start_thread = monkey.get_original("_thread", "start_new_thread")
-_sleep = monkey.get_original("time", "sleep")
 
 BLOCK = 64  # tokens per hashed block: entries are found at block boundaries
 MIN_TOKENS = BLOCK  # shorter sequences are not worth saving
@@ -90,8 +88,6 @@ class PromptCache:
         self._disk_index: dict[bytes, bytes] = {}
         self._seen_files: set[str] = set()
         self._lock = _allocate_lock()
-        self._pending: collections.deque = collections.deque()  # entries waiting for the disk writer
-        self._writing = False  # a writer thread runs (it ends when nothing is waiting)
         self._counts = CacheCounts()
         if self.disk_dir is not None:
             self.disk_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -156,27 +152,6 @@ class PromptCache:
             self._counts.saved += 1
             self._keep_in_ram(key, entry)
         if self.disk_dir is not None and len(state) <= self.disk_bytes:
-            with self._lock:
-                self._pending.append((key, entry))
-                start, self._writing = not self._writing, True
-            if start:  # written in a thread of its own: the prompt that took the slot does not wait for it
-                _start_thread(self._write_pending, ())
-
-    def flush(self) -> None:
-        """Wait until every saved state is on disk."""
-        while True:
-            with self._lock:
-                if not self._writing:
-                    return
-            _sleep(0.005)
-
-    def _write_pending(self) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    self._writing = False
-                    return
-                key, entry = self._pending.popleft()
             self._write(key, entry)
 
     def take_counts(self) -> CacheCounts:

@@ -15,14 +15,28 @@ from .engine.registry import ENGINES
 from .engine.tokenizer import GGUFTokenizer
 
 
+# Sliding-window architectures: of each run of this many layers, the last attends to the whole context and the
+# others to the window (as llama.cpp builds them).
+SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "cohere2": 4}
+SWA_BATCH = 512  # a window layer keeps the window plus a batch of cells
+
+
 def kv_cache_bytes(model, context: int) -> int:
-    """One slot's KV cache at ``context`` tokens (keys and values in f16); 0 if the file does not say its shape."""
+    """One slot's KV cache at ``context`` tokens (keys and values in f16); 0 if the file does not say its shape.
+
+    Window layers of a sliding-window model hold the window (plus a batch), not the context.
+    """
     width, heads = model.arch_value("embedding_length"), model.arch_value("attention.head_count")
     kv_heads = model.arch_value("attention.head_count_kv", heads)
     layers = model.arch_value("block_count")
     if not (width and heads and layers):
         return 0
-    return 2 * layers * context * (width * kv_heads // heads) * 2
+    key = model.arch_value("attention.key_length", width // heads) * kv_heads
+    value = model.arch_value("attention.value_length", width // heads) * kv_heads
+    window, pattern = model.arch_value("attention.sliding_window"), SWA_PATTERNS.get(model.architecture)
+    full = layers // pattern if window and pattern else layers
+    cells = full * context + (layers - full) * min(context, (window or 0) + SWA_BATCH)
+    return cells * (key + value) * 2
 
 
 def footprint(path: Path, context_length: Optional[int], slots: int) -> int:

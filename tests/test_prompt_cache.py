@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from kronk_wsgi.describe import kv_cache_bytes
 from kronk_wsgi.engine import llamacpp_engine
+from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.prompt_cache import BLOCK, SUFFIX, PromptCache
 
 from .conftest import metric, run_server
@@ -190,3 +192,28 @@ def test_two_workers_serve_each_others_conversations_from_the_disk_tier(smollm2,
         for chat in chats:  # four conversations, two slots in two processes: each later turn found again
             _, prompt, cached = turn(chat)
             assert cached >= 0.9 * prompt
+
+
+@needs_llamacpp
+def test_a_sliding_window_model_reuses_prefixes_and_recomputes_what_its_window_dropped(gemma3, tmp_path):
+    engine = llamacpp_engine.LlamaCppEngine("gemma", gemma3, context_length=4096)
+    (slot,) = engine.new_slots(1, 2)
+    slot.state_cache = PromptCache(engine.state_identity(), 100 * MB, None, 0)
+    plain = llamacpp_engine.LlamaCppEngine("gemma", gemma3, context_length=4096)
+    (fresh,) = plain.new_slots(1, 2)
+    tokenizer = engine.tokenizer
+    document = tokenizer.prompt("The history of the lighthouse keepers on the northern coast. " * 90)
+    reply, _, _ = greedy(slot, document, 12)
+    _, _, reused = greedy(slot, document + reply[:6] + tokenizer.encode(" Then what?"), 4)
+    assert reused >= len(document)  # the window still holds what the next tokens attend to
+    long = tokenizer.prompt("A recipe for bread with flour, water, salt and time. " * 300)  # past window + batch
+    greedy(slot, long, 2)
+    early = long[:600] + tokenizer.encode(" Which flour?")  # its window no longer holds tokens 88-600
+    answer, _, reused = greedy(slot, early, 8)
+    assert reused == 0 and answer == greedy(fresh, early, 8)[0]
+
+
+def test_the_memory_estimate_follows_the_sliding_window(gemma3):
+    model = read_gguf(gemma3)
+    full_size = 18 * 32768 * (256 + 256) * 2  # every layer over the whole context, as before
+    assert kv_cache_bytes(model, 32768) < 0.25 * full_size

@@ -86,6 +86,7 @@ class Slot(abc.ABC):
         keep = min(shared_prefix(tokens, self.cached), len(tokens) - 1)
         if self.state_cache is not None:
             keep = self._restore(tokens, keep)
+        keep = self.reusable(keep)
         del self.cached[keep:]
         start = keep
         while start < len(tokens):
@@ -113,6 +114,12 @@ class Slot(abc.ABC):
             self.cached.clear()  # the cache may hold anything now
             return 0
         return min(shared, len(tokens) - 1)
+
+    def reusable(self, keep: int) -> int:
+        """How much of ``keep`` cached tokens the next ones can follow: all of them in a full cache; in a
+        sliding-window cache, which holds the last window's tokens only, none once it has dropped tokens that
+        a shorter prefix's next tokens would attend to."""
+        return keep
 
     def keep_state(self) -> None:
         """Save what the slot holds into its state cache, unless it is there already (or too short to be worth it)."""

@@ -429,6 +429,13 @@ class LlamaCppSlot(Slot):
             raise call.pick_error
         return call.picked
 
+    def reusable(self, keep: int) -> int:
+        window = self._engine._n_swa
+        if not window or keep == 0 or keep >= len(self.cached):  # a full cache, or nothing to cut
+            return keep
+        first = llama_cpp.llama_memory_seq_pos_min(self._engine._memory, self._seq)
+        return keep if first <= max(0, keep - window) else 0  # as llama-server decides
+
     def _alone(self, action: Callable[[], object]) -> object:
         """Run ``action`` in the decode thread, between two decode calls: the context is never used by two."""
         call = _Call(self._seq, (), 0, action=action)
@@ -514,6 +521,7 @@ class LlamaCppEngine(Engine):
         if self._n_vocab != self.tokenizer.vocab_size:
             raise EngineError(f"{path.name}: llama.cpp's vocabulary differs from the file's tokenizer")
         self._n_embd = llama_cpp.llama_model_n_embd(self._model)
+        self._n_swa = llama_cpp.llama_model_n_swa(self._model)  # 0: no sliding-window attention
         stat = path.stat()
         self._file_identity = f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
         self._ctx = None
@@ -528,6 +536,9 @@ class LlamaCppEngine(Engine):
         params.n_batch = params.n_ubatch = BATCH + count
         params.n_threads = params.n_threads_batch = threads
         params.embeddings = False
+        # A sliding-window model's window layers keep the last window of tokens (plus a batch), as
+        # llama-server sizes them, not the whole context (Gemma 3 at 32k: about 5x less KV memory).
+        params.swa_full = False
         # A cache per sequence, of context_length cells (kronk_wsgi holds each sequence to that): in one cache
         # for all, each token's attention runs over every slot's cached tokens, masked.
         params.kv_unified = False

@@ -8,6 +8,7 @@
     python bench/run.py --engines [--tokens 100] [--rounds 7] [--llama-server PATH]
     python bench/run.py --chunks
     python bench/run.py --conversations [--llama-server PATH]
+    python bench/run.py --agent
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -60,7 +61,7 @@ from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import DecodeOptions, Generation  # noqa: E402
 from kronk_wsgi.engine.grammar import Constraint, Grammar, json_schema_grammar  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
-from kronk_wsgi.testing import fetch_smollm2, free_port, run_server  # noqa: E402
+from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, free_port, run_server  # noqa: E402
 from kronk_wsgi.testing.storm import storm  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
@@ -456,6 +457,28 @@ def conversations(llama_server: Optional[str]) -> list[tuple[str, str]]:
     return rows
 
 
+def agent_prompt() -> list[tuple[str, str]]:
+    """A ~20k-token agent prompt on Gemma 3 (32k context, llama.cpp, one slot), then resent with one more turn."""
+    path = fetch_gemma3()
+    workdir = ROOT / "bench" / "results" / "agent"
+    workdir.mkdir(parents=True, exist_ok=True)
+    models = json.dumps({"bench": {"path": str(path), "engine": "llama.cpp", "context_length": 32768}})
+    env = {"KRONK_MODELS": models, "KRONK_THREADS": 2, "KRONK_PROMPT_CACHE_DIR": str(workdir / "prompt-cache")}
+    tools = " ".join(f"Tool {i}: reads file number {i} and returns its lines with their numbers." for i in range(1300))
+    messages = [{"role": "system", "content": "You are a coding agent. " + tools},
+                {"role": "user", "content": "List the files."}]
+    with run_server(workdir, env) as server:
+        chat_turn(server.url, [{"role": "user", "content": "Hello"}], 2)
+        first = chat_turn(server.url, messages, 8)
+        messages += [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": "Open the first."}]
+        second = chat_turn(server.url, messages, 8)
+    return [
+        (f"first turn, {first['prompt_tokens']} prompt tokens, time to first token, s", f"{first['ttft_s']:.2f}"),
+        (f"next turn, {second['prompt_tokens']} tokens ({second['cached_tokens']} cached), s", f"{second['ttft_s']:.2f}"),
+        ("next / first (goal <= 0.10)", f"{second['ttft_s'] / first['ttft_s']:.3f}"),
+    ]
+
+
 def engines_side_by_side(tokens: int, llama_server: Optional[str], rounds: int) -> list[tuple[str, str]]:
     """SmolLM2 on ctransformers, on llama.cpp and (if given) on llama-server, all running, measured in turns.
 
@@ -597,6 +620,7 @@ def main() -> None:
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--conversations", action="store_true", help="six conversations beyond two slots instead")
+    parser.add_argument("--agent", action="store_true", help="a 20k-token agent prompt on Gemma 3, resent, instead")
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines)")
@@ -618,6 +642,9 @@ def main() -> None:
         return
     if args.conversations:
         print_rows(conversations(args.llama_server))
+        return
+    if args.agent:
+        print_rows(agent_prompt())
         return
     if args.model == "smollm2":
         print_rows(real_model(args.tokens))

@@ -225,12 +225,10 @@ class Named(Strict):
     name: Optional[str] = None
     verbose: bool = False  # /api/show: arrays of the file's metadata too
     stream: bool = True  # /api/pull
-    insecure: bool = False  # /api/pull: the hub is reached as the server's configuration says
+    # /api/pull: the hub is reached as the server's environment says (HF_ENDPOINT, HF_TOKEN)
+    insecure: bool = False
     username: Optional[str] = None
     password: Optional[str] = None
-    system: Optional[str] = None  # /api/show of old clients: what the answer would be with these
-    template: Optional[str] = None
-    options: Optional[dict[str, Any]] = None
 
     @property
     def named(self) -> str:
@@ -436,13 +434,13 @@ def show():
         info[f"{facts.architecture}.context_length"] = context  # the context served here
     template = facts.template_source(spec.chat_template)
     return jsonify({
-        "modelfile": f"# Served by kronk-wsgi {__version__}\nFROM {path}\n", "parameters": _parameters(facts),
+        "modelfile": f"# Served by kronk-wsgi {__version__}\nFROM {path}\n", "parameters": _parameters(),
         "template": template, "details": _details(facts), "model_info": info,
         "capabilities": _capabilities(facts, template), "modified_at": _timestamp(path.stat().st_mtime),
     })
 
 
-def _parameters(facts: ModelFacts) -> str:
+def _parameters() -> str:
     defaults = {"temperature": DEFAULTS.temperature, "top_k": DEFAULTS.top_k, "top_p": DEFAULTS.top_p,
                 "repeat_penalty": DEFAULTS.repetition_penalty}
     return "\n".join(f"{key:<15}{value}" for key, value in defaults.items())

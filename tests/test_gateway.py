@@ -101,8 +101,13 @@ def test_the_router_routes_streams_and_resends_a_429_to_the_idle_worker(two_slow
     a, b = two_slow
     with router_in_front(tmp_path, [a.url, b.url]) as url:
         client = OpenAI(base_url=url + "/v1", api_key="unused")
-        chunks = list(client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=3, stream=True))
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        arrivals = []
+        for chunk in client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=4, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.monotonic())
+        assert len(arrivals) >= 3 and arrivals[-1] - arrivals[0] > 0.3  # a token every 0.2 s, as it came
+        completion = client.completions.create(model="tiny", prompt="Once", max_tokens=2)
+        assert completion.usage.completion_tokens == 2
         held = RawStream(a.host, a.port, "/v1/chat/completions",
                          {"model": "tiny", "messages": HELLO, "max_tokens": 200, "stream": True})  # a is busy
         next(held.frames())

@@ -9,10 +9,12 @@ import time
 
 import pytest
 import requests
+import yaml
 from flask import Flask
 
 from kronk_wsgi import Kronk
 from kronk_wsgi.config import ConfigError, read_config, settings_from_config
+from kronk_wsgi.server import graceful_timeout
 
 from .conftest import ROOT, metric, run_server
 from kronk_wsgi.testing.rawhttp import RawStream
@@ -98,6 +100,17 @@ def test_nginx_conf_keeps_the_clients_request_id():
     conf = (ROOT / "conf" / "nginx.conf").read_text()
     assert "proxy_set_header X-Request-ID $request_id;" not in conf
     assert "$http_x_request_id" in conf
+
+
+def test_the_kubernetes_manifest_probes_the_server_and_waits_for_its_drain():
+    deployment, service = yaml.safe_load_all((ROOT / "conf" / "kubernetes.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v1/readiness"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v1/liveness"
+    drain = float(next(e["value"] for e in container["env"] if e["name"] == "KRONK_DRAIN_TIMEOUT"))
+    assert pod["terminationGracePeriodSeconds"] > graceful_timeout(drain)  # gunicorn is never cut short
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
 def host_app(tiny_model) -> Flask:

@@ -9,6 +9,7 @@
     python bench/run.py --chunks
     python bench/run.py --conversations [--llama-server PATH]
     python bench/run.py --agent
+    python bench/run.py --balancers [--tokens 400] [--rounds 7]
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -61,7 +62,8 @@ from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import DecodeOptions, Generation  # noqa: E402
 from kronk_wsgi.engine.grammar import Constraint, Grammar, json_schema_grammar  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
-from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, free_port, run_server  # noqa: E402
+from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, free_port, metric, run_server  # noqa: E402
+from kronk_wsgi.testing.balancers import run_nginx, run_router  # noqa: E402
 from kronk_wsgi.testing.storm import storm  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
@@ -457,6 +459,55 @@ def conversations(llama_server: Optional[str]) -> list[tuple[str, str]]:
     return rows
 
 
+def balancers_side_by_side(tokens: int, rounds: int) -> list[tuple[str, str]]:
+    """One stream direct, through conf/nginx.conf and through the SGLang router, in turns; then four requests at
+    once through each, and how the two instances shared them."""
+    path = ensure_demo_model("medium")
+    workdir = ROOT / "bench" / "results" / "balancers"
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {"KRONK_MODELS": f"bench={path}", "KRONK_THREADS": "1", "KRONK_PARALLEL": "1"}
+    (workdir / "a").mkdir(exist_ok=True)
+    (workdir / "b").mkdir(exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(run_server(workdir / "a", env))
+        b = stack.enter_context(run_server(workdir / "b", env))
+        nginx, _ = stack.enter_context(run_nginx(workdir, [a.port, b.port]))
+        router = stack.enter_context(run_router(workdir, [a.url, b.url], "bench"))
+        urls = {"direct": a.url, "nginx": nginx, "router": router}
+        for url in (a.url, b.url):
+            one_stream(url, 20, "warm up")
+        runs: dict[str, list[dict]] = {name: [] for name in urls}
+        for round_ in range(rounds):
+            for name in (list(urls) if round_ % 2 == 0 else list(reversed(urls))):
+                runs[name].append(one_stream(urls[name], tokens, f"{PROMPT} ({name}, round {round_})"))
+        spread = {}
+        for name in ("nginx", "router"):
+            before = [metric(s, "kronk_requests_total", route="/v1/chat/completions", model="bench", status="200",
+                             outcome="ok") for s in (a, b)]
+            threads = [threading.Thread(target=one_stream, args=(urls[name], 50, f"{PROMPT} ({name} {i})"))
+                       for i in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            spread[name] = [metric(s, "kronk_requests_total", route="/v1/chat/completions", model="bench",
+                                   status="200", outcome="ok") - b0 for s, b0 in zip((a, b), before)]
+    (workdir / "latest.json").write_text(json.dumps({"runs": runs, "spread": spread}, indent=2))
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(run[key] for run in runs[name])
+
+    rows = [(f"{name}: tokens/s, time to first token ms",
+             f"{median(name, 'tokens_per_s'):.1f}, {1000 * median(name, 'ttft_s'):.1f}") for name in urls]
+    for name in ("nginx", "router"):
+        rows += [(f"{name} / direct, tokens/s (goal >= 0.95)",
+                  f"{median(name, 'tokens_per_s') / median('direct', 'tokens_per_s'):.3f}"),
+                 (f"{name} - direct, time to first token, ms (goal < 5)",
+                  f"{1000 * (median(name, 'ttft_s') - median('direct', 'ttft_s')):.1f}"),
+                 (f"{name}: four requests at once, served by each instance", " / ".join(f"{n:.0f}" for n in spread[name]))]
+    return rows
+
+
 def agent_prompt() -> list[tuple[str, str]]:
     """A ~20k-token agent prompt on Gemma 3 (32k context, llama.cpp, one slot), then resent with one more turn."""
     path = fetch_gemma3()
@@ -620,10 +671,11 @@ def main() -> None:
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--conversations", action="store_true", help="six conversations beyond two slots instead")
+    parser.add_argument("--balancers", action="store_true", help="direct, through nginx and the router, instead")
     parser.add_argument("--agent", action="store_true", help="a 20k-token agent prompt on Gemma 3, resent, instead")
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines, --balancers)")
     args = parser.parse_args()
     if args.engines:
         print_rows(engines_side_by_side(args.tokens, args.llama_server, args.rounds))
@@ -645,6 +697,9 @@ def main() -> None:
         return
     if args.agent:
         print_rows(agent_prompt())
+        return
+    if args.balancers:
+        print_rows(balancers_side_by_side(args.tokens, args.rounds))
         return
     if args.model == "smollm2":
         print_rows(real_model(args.tokens))

@@ -1,17 +1,14 @@
 """What the SGLang model gateway asks of a worker, on a real server: its probes, and the fields it writes into
 every body it routes."""
 
-import contextlib
-import subprocess
-import sys
 import time
-from typing import Iterator
 
 import pytest
 import requests
 from openai import OpenAI
 
-from kronk_wsgi.testing import free_port, metric, run_server
+from kronk_wsgi.testing import metric, run_server
+from kronk_wsgi.testing.balancers import run_router
 from kronk_wsgi.testing.rawhttp import RawStream
 
 from .test_flow_control import faulty_env
@@ -56,35 +53,6 @@ def test_ignore_eos_runs_to_max_tokens(server):
 
 # -- through the real router (PyPI sglang-router, the gateway's Python launcher) --------------------------------
 
-@contextlib.contextmanager
-def router_in_front(tmp_path, urls: list[str]) -> Iterator[str]:
-    """The SGLang router over ``urls``, round robin, without its circuit breaker (as the README says)."""
-    port = free_port()
-    log = tmp_path / "router.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                                 "--port", str(port), "--worker-urls", *urls, "--policy", "round_robin",
-                                 "--disable-circuit-breaker", "--health-check-interval-secs", "1",
-                                 "--worker-startup-timeout-secs", "60"], stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if requests.post(url + "/v1/chat/completions", timeout=10, json={
-                        "model": "tiny", "messages": HELLO, "max_tokens": 1}).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 @pytest.fixture
 def two_slow(tiny_model, tmp_path):
     """Two instances of one place each (a token every 0.2 s, no EOS), a 1 s admission wait: a second request
@@ -99,7 +67,7 @@ def two_slow(tiny_model, tmp_path):
 
 def test_the_router_routes_streams_and_resends_a_429_to_the_idle_worker(two_slow, tmp_path):
     a, b = two_slow
-    with router_in_front(tmp_path, [a.url, b.url]) as url:
+    with run_router(tmp_path, [a.url, b.url], "tiny") as url:
         client = OpenAI(base_url=url + "/v1", api_key="unused")
         arrivals = []
         for chunk in client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=4, stream=True):
@@ -120,7 +88,7 @@ def test_the_router_routes_streams_and_resends_a_429_to_the_idle_worker(two_slow
 
 def test_the_router_skips_a_dead_worker(two_slow, tmp_path):
     a, b = two_slow
-    with router_in_front(tmp_path, [a.url, b.url]) as url:
+    with run_router(tmp_path, [a.url, b.url], "tiny") as url:
         b.stop()
         statuses = [requests.post(url + "/v1/chat/completions", timeout=60, json={
             "model": "tiny", "messages": HELLO, "max_tokens": 2}).status_code for _ in range(4)]

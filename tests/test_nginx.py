@@ -4,19 +4,17 @@ CI installs nginx (.ci/run sets KRONK_TEST_REQUIRE_NGINX); elsewhere these tests
 are skipped when nginx is not installed.
 """
 
-import contextlib
 import os
 import re
 import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from .conftest import FAULTY, ROOT, free_port, run_server
+from .conftest import FAULTY, run_server
+from kronk_wsgi.testing import balancers
 from kronk_wsgi.testing.rawhttp import RawStream
 
 CHAT = "/v1/chat/completions"
@@ -29,45 +27,9 @@ if shutil.which("nginx") is None:
     pytest.skip("nginx is not installed", allow_module_level=True)
 
 
-@contextlib.contextmanager
 def run_nginx(tmp_path: Path, *upstream_ports: int):
-    """nginx running conf/nginx.conf as shipped, but for its listen port, upstream ports and read timeout."""
-    port = free_port()
-    conf = (ROOT / "conf" / "nginx.conf").read_text()
-    conf, n_listen = re.subn(r"listen 80;", f"listen 127.0.0.1:{port};", conf)
-    servers = "\n    ".join(f"server 127.0.0.1:{p} max_fails=0;" for p in upstream_ports)
-    conf, n_upstream = re.subn(r"server 127\.0\.0\.1:8000 max_fails=0;", servers, conf)
-    conf, n_timeout = re.subn(r"proxy_read_timeout \d+s;", f"proxy_read_timeout {READ_TIMEOUT}s;", conf)
-    assert n_listen == n_upstream == n_timeout == 1, "conf/nginx.conf changed shape"
-    (tmp_path / "kronk.conf").write_text(conf)
-    main = tmp_path / "nginx.conf"
-    main.write_text(f"""
-        user root;
-        daemon off;
-        worker_processes 1;
-        pid {tmp_path}/nginx.pid;
-        error_log {tmp_path}/error.log info;
-        events {{ worker_connections 256; }}
-        http {{
-            access_log off;
-            client_body_temp_path {tmp_path}/body;
-            proxy_temp_path {tmp_path}/proxy;
-            include {tmp_path}/kronk.conf;
-        }}
-    """)
-    proc = subprocess.Popen(["nginx", "-c", str(main), "-p", str(tmp_path)], stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "nginx did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}", port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+    """nginx running conf/nginx.conf as shipped, with a read timeout shorter than the silent prefill below."""
+    return balancers.run_nginx(tmp_path, upstream_ports, read_timeout=READ_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -93,8 +93,6 @@ def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optiona
     """
     check_revision(revision)
     check_filename(file_or_quant)
-    if file_or_quant and file_or_quant.endswith(".gguf"):
-        return file_or_quant
     cached = sorted({f.filename for f in cached_files() if f.repo_id == repo_id})
     if offline():
         names = cached
@@ -106,10 +104,14 @@ def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optiona
                 raise HubError(f"cannot list the files of {repo_id}: {exc}") from None
             names = cached  # a hub that cannot be reached does not keep a cached model from serving
     ggufs = [n for n in names if n.endswith(".gguf")]
-    chosen = [n for n in ggufs if file_or_quant is None or matches_quant(n, file_or_quant)]
+    if file_or_quant and file_or_quant.endswith(".gguf"):  # a file name: it must be there
+        chosen = [n for n in ggufs if n == file_or_quant]
+    else:
+        chosen = [n for n in ggufs if file_or_quant is None or matches_quant(n, file_or_quant)]
     if len(chosen) == 1:
         return chosen[0]
-    what = f"quantization {file_or_quant!r}" if file_or_quant else "a file name or quantization"
+    what = (f"file {file_or_quant!r}" if file_or_quant and file_or_quant.endswith(".gguf")
+            else f"quantization {file_or_quant!r}" if file_or_quant else "a file name or quantization")
     if not chosen:
         listing = ", ".join(ggufs) or "none"
         raise HubError(f"no GGUF file of {repo_id} matches {what}; its GGUF files: {listing}")

@@ -187,6 +187,7 @@ def test_readiness_reports_a_default_model_that_cannot_load(tmp_path):
     assert response.json["status"] == "failed" and "not found" in response.json["error"]
     chat = app.test_client().post("/v1/chat/completions", json={"model": "gone", "messages": [{"role": "user", "content": "x"}]})
     assert chat.status_code == 503 and chat.json["error"]["code"] == "model_unavailable"
+    assert str(tmp_path) not in chat.json["error"]["message"]  # no server paths for inference clients
 
 
 def test_gunicorn_config_file(tmp_path, tiny_model):

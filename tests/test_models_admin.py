@@ -158,3 +158,5 @@ def test_pull_streams_its_progress(tiny_model, tmp_path):
             assert last_kind == "event: error" and "SHA-256" in last["error"]["message"]
             unknown = server.post("/admin/pull", {"repo_id": "someone/tiny-GGUF", "file": "Q5_K_M"})
             assert unknown.status_code == 400 and "no GGUF file" in unknown.json()["error"]["message"]
+            named = server.post("/admin/pull", {"repo_id": "someone/tiny-GGUF", "file": "missing.Q8_0.gguf"})
+            assert named.status_code == 400 and "big.Q8_0.gguf" in named.json()["error"]["message"]  # before the commit

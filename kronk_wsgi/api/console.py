@@ -23,5 +23,6 @@ def page(name: str = "index.html"):
     """A file of the console; nothing outside its directory."""
     response = send_from_directory(PAGES, name, max_age=0)
     response.headers["Content-Security-Policy"] = (
-        "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self'; connect-src 'self'")
+        "default-src 'self'; style-src 'self' 'unsafe-inline'; script-src 'self'; connect-src 'self'; "
+        "frame-ancestors 'none'")  # no other site may frame it (a click on its unload button)
     return response

@@ -90,7 +90,7 @@ def _start() -> None:
     rule = request.url_rule.rule if request.url_rule else "unmatched"  # a bounded label: never the raw path
     g.kronk_record = RequestRecord(request_id=request_id, route=rule)
     structlog.contextvars.bind_contextvars(request_id=request_id)
-    log.info("request started", method=request.method, path=request.path)
+    log.info("request started", method=request.method, path=request.path, client=request.remote_addr)
     request.max_content_length = state().settings.max_body_bytes
     _check_host()
     _check_origin()

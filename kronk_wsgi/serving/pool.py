@@ -302,7 +302,9 @@ class ModelPool:
             self.load_errors[model_id] = reason
             log.error("model load failed", model=model_id, error=reason)
             self.metrics.model_events.labels(model_id, "load_failed").inc()
-            failure = ModelUnavailable(f"model {model_id!r} could not be loaded: {reason}")
+            # Why it failed names files and paths: the log and the admin API say it, inference clients do not.
+            failure = ModelUnavailable(f"model {model_id!r} could not be loaded (the server's log and "
+                                       "/admin/models say why)")
             pending.set_exception(failure)
             raise failure from None
         finally:

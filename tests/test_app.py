@@ -161,7 +161,7 @@ def test_hub_model_from_local_cache(tmp_path, tiny_model, monkeypatch):
     assert path.read_bytes() == tiny_model.read_bytes()
     from kronk_wsgi.engine.base import EngineError
 
-    with pytest.raises(EngineError, match="cannot get"):
+    with pytest.raises(EngineError, match="kronk/absent"):
         model_file(ModelSpec(repo_id="kronk/absent", filename="x.gguf"))
 
 

@@ -10,6 +10,7 @@ model), and, least recently used first, when another model needs room under
 """
 
 import contextlib
+import re
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -34,6 +35,9 @@ log = structlog.get_logger("kronk_wsgi.pool")
 
 # How often a waiting request looks at its client's socket.
 CLIENT_POLL_SECONDS = 0.5
+
+# The directories of a path, in an error a client sees: /data/models/x.gguf reads x.gguf.
+WITHOUT_DIRECTORIES = re.compile(r"(?:/[\w.@+-]+)+/")
 
 # How often idle models are looked at for unloading.
 SWEEP_SECONDS = 1.0
@@ -302,9 +306,8 @@ class ModelPool:
             self.load_errors[model_id] = reason
             log.error("model load failed", model=model_id, error=reason)
             self.metrics.model_events.labels(model_id, "load_failed").inc()
-            # Why it failed names files and paths: the log and the admin API say it, inference clients do not.
-            failure = ModelUnavailable(f"model {model_id!r} could not be loaded (the server's log and "
-                                       "/admin/models say why)")
+            # Inference clients hear why, without the server's directories (the log and the admin API have them).
+            failure = ModelUnavailable(f"model {model_id!r} could not be loaded: {WITHOUT_DIRECTORIES.sub('', reason)}")
             pending.set_exception(failure)
             raise failure from None
         finally:

@@ -93,6 +93,10 @@ def test_admin_unload_and_a_model_in_use_is_kept(budget_of_one):
     row = next(r for r in requests.get(server.url + "/admin/models", timeout=10).json()["data"] if r["id"] == "slow")
     assert row["loaded"] and row["busy_slots"] == 1 and row["memory_mb"] >= 0 and row["idle_seconds"] is None
     stream.close()
+    deadline = time.monotonic() + 30  # as the 409 said: unloaded once its request ended
+    while "slow" in loaded(server):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
 
 def test_a_model_larger_than_the_memory_budget_is_a_400(tiny_model, tmp_path):

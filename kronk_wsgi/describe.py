@@ -9,7 +9,7 @@ from typing import Any, Optional
 import gguf
 
 from .engine.base import DEFAULT_CONTEXT_LENGTH
-from .engine.chat_template import BUILTIN_TEMPLATES, ChatTemplate, template_for_vocabulary
+from .engine.chat_template import ChatTemplate, template_for_vocabulary, template_source
 from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
 from .engine.registry import ENGINES
 from .engine.tokenizer import GGUFTokenizer
@@ -62,9 +62,8 @@ class ModelFacts:
     metadata: dict[str, Any]  # every metadata key with its value; an array as a list
 
     def template_source(self, configured: Optional[str]) -> str:
-        """The chat template a model of this file is served with (see ChatTemplate.for_model)."""
-        source = configured or self.chat_template or template_for_vocabulary(self.control)
-        return BUILTIN_TEMPLATES.get(source, source)
+        """The chat template a model of this file is served with."""
+        return template_source(configured, self.chat_template, self.control)
 
 
 def model_facts(path: Path) -> ModelFacts:
@@ -126,7 +125,7 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
     chosen = template_for_vocabulary(control)
     rows.append(("chat template", shown or f"none in the file: the built-in {chosen}, as the vocabulary's turn "
                                            "markers say"))
-    rendering = ChatTemplate(template or BUILTIN_TEMPLATES[chosen], control_tokens=control).tool_rendering
+    rendering = ChatTemplate(template_source(None, template, control), control_tokens=control).tool_rendering
     rows.append(("tools", f"rendered by {rendering}"))
     if width and heads and layers:
         kv_cache = kv_cache_bytes(model, context)

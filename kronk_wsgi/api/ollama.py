@@ -339,7 +339,7 @@ def _digest(path: Optional[Path]) -> str:
     if path is None:
         return ""
     blob = path.resolve()
-    if re.fullmatch(r"[0-9a-f]{64}", blob.name):
+    if hub.SHA256.fullmatch(blob.name):
         return blob.name
     stat = path.stat()
     return hashlib.sha256(f"{blob}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
@@ -612,8 +612,7 @@ def _load_or_unload(model_id: str, name: str, keep: Optional[float], chat: bool)
     """An empty prompt: load the model (done_reason "load"), or with keep_alive 0 unload it ("unload")."""
     pool = state().pool
     if keep == 0:
-        if pool.loaded_model(model_id) is not None and not pool.unload(model_id, "keep_alive"):
-            pool.keep(model_id, 0)  # in use: it goes when its requests end
+        pool.keep(model_id, 0)  # now if unused, else when its requests end
         reason = "unload"
     else:
         with use_model(model_id):

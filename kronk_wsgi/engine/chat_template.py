@@ -159,6 +159,13 @@ def template_for_vocabulary(control_tokens: Iterable[str]) -> str:
     return next((name for marker, name in VOCABULARY_TEMPLATES if marker in tokens), DEFAULT_TEMPLATE)
 
 
+def template_source(configured: Optional[str], from_file: Optional[str], control_tokens: Iterable[str]) -> str:
+    """The Jinja text a model is served with: the configured template (a built-in name or Jinja text), else the
+    file's, else the built-in one the vocabulary's turn markers name."""
+    source = configured or from_file or template_for_vocabulary(control_tokens)
+    return BUILTIN_TEMPLATES.get(source, source)
+
+
 # Fill-in-the-middle markers (before the prefix, before the suffix, where the middle goes), as code models'
 # vocabularies name them.
 FIM_MARKERS = (
@@ -277,8 +284,7 @@ class ChatTemplate:
         """The configured template (a built-in name or Jinja text), else the file's, else the one the vocabulary's
         turn markers name."""
         control_tokens = list(control_tokens)
-        source = configured or from_file or template_for_vocabulary(control_tokens)
-        return cls(BUILTIN_TEMPLATES.get(source, source), bos, eos, control_tokens)
+        return cls(template_source(configured, from_file, control_tokens), bos, eos, control_tokens)
 
     @property
     def tool_rendering(self) -> str:

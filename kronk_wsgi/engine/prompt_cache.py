@@ -66,12 +66,15 @@ class CacheCounts:
 
 
 class Entry:
-    """A saved state and the tokens it holds; ``state`` is None for a disk entry (read when it is used)."""
+    """A saved state, the tokens it holds and their block hashes; ``state`` is None for a disk entry (read when it
+    is used)."""
 
-    def __init__(self, tokens: tuple[int, ...], state: Optional[bytes], path: Optional[Path] = None) -> None:
+    def __init__(self, tokens: tuple[int, ...], state: Optional[bytes], path: Optional[Path] = None,
+                 hashes: Optional[list[bytes]] = None) -> None:
         self.tokens = tokens
         self.state = state
         self.path = path
+        self.hashes = block_hashes(tokens) if hashes is None else hashes
 
 
 class PromptCache:
@@ -123,7 +126,7 @@ class PromptCache:
                     state = entry.state if entry.state is not None else self._read(key, entry)
                     if state is None:
                         continue
-                    self._keep_in_ram(key, Entry(entry.tokens, state))
+                    self._keep_in_ram(key, Entry(entry.tokens, state, hashes=entry.hashes))
                     self._counts.hits += 1
                     self._counts.restored_tokens += shared
                     return shared, entry.tokens, state
@@ -143,11 +146,10 @@ class PromptCache:
 
     def put(self, tokens: Sequence[int], state: bytes) -> None:
         """Keep a sequence's state, in RAM and on disk, each within its budget."""
-        hashes = block_hashes(tokens)
         if len(tokens) < MIN_TOKENS:
             return
-        key = _full_key(hashes, tokens)
         entry = Entry(tuple(tokens), state)
+        key = _full_key(entry.hashes, tokens)
         with self._lock:
             self._counts.saved += 1
             self._keep_in_ram(key, entry)
@@ -172,8 +174,7 @@ class PromptCache:
             return
         self._ram[key] = entry
         self._ram.move_to_end(key)
-        for block_hash in block_hashes(entry.tokens):
-            self._index[block_hash] = key
+        _add(self._index, key, entry)
         self._trim_ram()
 
     def _trim_ram(self) -> None:
@@ -182,16 +183,14 @@ class PromptCache:
             key, entry = self._ram.popitem(last=False)
             held -= len(entry.state)
             self._counts.evicted_ram += 1
-            for block_hash in block_hashes(entry.tokens):
-                if self._index.get(block_hash) == key:
-                    del self._index[block_hash]
+            _remove(self._index, key, entry)
 
     # -- the disk tier ------------------------------------------------------------------------------------------
 
     def _write(self, key: bytes, entry: Entry) -> None:
         """Write then rename, the checksum last: a partial file never reads as valid."""
         tokens = np.asarray(entry.tokens, dtype="<i4").tobytes()
-        head = MAGIC + self.identity + struct.pack("<QQ", len(entry.tokens), len(entry.state))
+        head = self._head(len(entry.tokens), len(entry.state))
         checksum = hashlib.sha256(head + tokens + entry.state).digest()
         path = self.disk_dir / (key.hex() + SUFFIX)
         partial = self.disk_dir / f".{key.hex()}.{uuid.uuid4().hex}.tmp"
@@ -204,9 +203,8 @@ class PromptCache:
             return
         with self._lock:
             self._seen_files.add(path.name)
-            self._disk[key] = Entry(entry.tokens, None, path)
-            for block_hash in block_hashes(entry.tokens):
-                self._disk_index[block_hash] = key
+            self._disk[key] = on_disk = Entry(entry.tokens, None, path, entry.hashes)
+            _add(self._disk_index, key, on_disk)
             self._trim_disk()
 
     def _scan_disk(self) -> None:
@@ -226,18 +224,24 @@ class PromptCache:
             if tokens is None:
                 continue
             key = bytes.fromhex(name.removesuffix(SUFFIX))
-            self._disk[key] = Entry(tokens, None, path)
-            for block_hash in block_hashes(tokens):
-                self._disk_index[block_hash] = key
+            self._disk[key] = entry = Entry(tokens, None, path)
+            _add(self._disk_index, key, entry)
+
+    def _head(self, n_tokens: int, n_state: int) -> bytes:
+        """A disk entry's header: what it is, whose, and how many tokens and state bytes follow."""
+        return MAGIC + self.identity + struct.pack("<QQ", n_tokens, n_state)
+
+    def _read_head(self, data: bytes) -> tuple[int, int]:
+        """The token and state sizes of a header; ValueError unless it is one of this identity's."""
+        size = len(self._head(0, 0))
+        if len(data) < size or data[:size - 16] != MAGIC + self.identity:
+            raise ValueError("not an entry of this identity")
+        return struct.unpack("<QQ", data[size - 16:size])
 
     def _read_tokens(self, path: Path) -> Optional[tuple[int, ...]]:
-        head_size = len(MAGIC) + len(self.identity) + 16
         try:
             with open(path, "rb") as f:
-                head = f.read(head_size)
-                if len(head) < head_size or head[:len(MAGIC)] != MAGIC or head[len(MAGIC):-16] != self.identity:
-                    raise ValueError("not an entry of this identity")
-                n_tokens, _ = struct.unpack("<QQ", head[-16:])
+                n_tokens, _ = self._read_head(f.read(len(self._head(0, 0))))
                 data = f.read(4 * n_tokens)
                 if len(data) != 4 * n_tokens:
                     raise ValueError("truncated")
@@ -255,11 +259,13 @@ class PromptCache:
         except OSError:
             self._forget_disk(key)
             return None
-        head_size = len(MAGIC) + len(self.identity) + 16
+        head_size = len(self._head(0, 0))
         body, checksum = data[:-32], data[-32:]
-        n_tokens, n_state = struct.unpack("<QQ", body[head_size - 16:head_size]) if len(body) >= head_size else (0, -1)
-        if (hashlib.sha256(body).digest() != checksum or len(body) != head_size + 4 * n_tokens + n_state
-                or body[:len(MAGIC)] != MAGIC or body[len(MAGIC):head_size - 16] != self.identity):
+        try:
+            n_tokens, n_state = self._read_head(body)
+            if hashlib.sha256(body).digest() != checksum or len(body) != head_size + 4 * n_tokens + n_state:
+                raise ValueError("cut short or altered")
+        except ValueError:
             self._corrupt(entry.path)
             self._forget_disk(key)
             return None
@@ -278,9 +284,7 @@ class PromptCache:
         if entry is None:
             return
         self._seen_files.discard(entry.path.name)
-        for block_hash in block_hashes(entry.tokens):
-            if self._disk_index.get(block_hash) == key:
-                del self._disk_index[block_hash]
+        _remove(self._disk_index, key, entry)
 
     def _trim_disk(self) -> None:
         files = sorted(((_mtime(e.path), key) for key, e in self._disk.items()), key=lambda item: item[0])
@@ -293,6 +297,19 @@ class PromptCache:
             path.unlink(missing_ok=True)
             self._forget_disk(key)
             self._counts.evicted_disk += 1
+
+
+def _add(index: dict[bytes, bytes], key: bytes, entry: Entry) -> None:
+    """Index an entry at each of its block boundaries."""
+    for block_hash in entry.hashes:
+        index[block_hash] = key
+
+
+def _remove(index: dict[bytes, bytes], key: bytes, entry: Entry) -> None:
+    """Take an entry out of an index, where another entry has not taken its place."""
+    for block_hash in entry.hashes:
+        if index.get(block_hash) == key:
+            del index[block_hash]
 
 
 def _full_key(hashes: list[bytes], tokens: Sequence[int]) -> bytes:

@@ -9,6 +9,7 @@ from flask import Blueprint, Flask, request
 from flask_cors import CORS
 from gevent.threadpool import ThreadPool
 from werkzeug.exceptions import HTTPException
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from .api import hooks, ollama
 from .api.errors import ApiError
@@ -88,7 +89,12 @@ def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:
     settings = settings_from_config(app.config)
     if not settings.allowed_hosts and settings.loopback_bind():
         app.config[config_key("allowed_hosts")] = list(LOOPBACK_HOSTS)
+    # A path with doubled slashes is not redirected to its single-slash twin (a redirect built from the Host
+    # header the client chose): it is simply not an API path.
+    app.url_map.merge_slashes = False
     Kronk(app, serve_root=True)
+    if settings.proxy_hops:
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=settings.proxy_hops, x_proto=0)
     # The standalone server is all API: paths outside kronk_wsgi's routes answer in JSON too.
     app.register_error_handler(
         HTTPException, lambda exc: PROTOCOLS.for_path(request.path).error_response(ApiError.from_http(exc)))

@@ -84,6 +84,9 @@ class Settings(BaseModel):
     # Host header names served ("*": any); empty: any, except the standalone server bound to a loopback
     # address, which serves the loopback names only (a DNS-rebinding page names its own host)
     allowed_hosts: list[str] = Field(default_factory=list)
+    # Reverse proxies in front that append the client's address to X-Forwarded-For (nginx: 1); the request
+    # log and the Host check then see the client, not the proxy. 0: the direct peer.
+    proxy_hops: int = Field(0, ge=0)
     responses_db: Optional[str] = None  # the SQLite file of stored Responses; default: in the cache directory
     responses_keep: int = Field(10_000, ge=1)  # stored Responses kept; the oldest go first
     responses_max_mb: int = Field(512, ge=1)  # and at most this much of them

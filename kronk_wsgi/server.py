@@ -14,7 +14,7 @@ from .config import ConfigError, config_key, read_config, settings_from_config
 
 # Settings both `kronk-wsgi serve` and conf/gunicorn.conf.py use.
 GUNICORN_DEFAULTS = {
-    "worker_class": "gevent",
+    "worker_class": "kronk_wsgi.worker.Worker",  # gunicorn's gevent worker, answering errors in JSON
     "worker_connections": 10000,
     "timeout": 30,  # gevent: fires only when the loop is blocked; engine calls never block it
     "keepalive": 5,

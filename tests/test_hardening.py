@@ -1,6 +1,7 @@
 """What a hostile or careless client or operator could do: each case reproduced against real gunicorn."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -271,3 +272,71 @@ def test_a_client_that_stops_reading_is_hung_up_on(tiny_model, tmp_path, stream)
         sock.close()
         assert server.post(CHAT, {"model": "tiny", "messages": HI, "max_tokens": 2}).status_code == 200
         assert metric(server, "kronk_active_generations", model="tiny") == 0
+
+
+def raw_exchange(server, request: bytes) -> bytes:
+    """Send bytes as they are; everything the server answers until it closes."""
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while data := sock.recv(65536):
+            answer += data
+    return answer
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET /v1/" + b"a" * 5000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 414),
+    (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Big: " + b"b" * 9000 + b"\r\n\r\n", 431),
+    (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header: x\r\n\r\n", 400),
+    (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-wait\r\n\r\n", 417),
+])
+def test_what_gunicorn_refuses_is_answered_in_json(server, request_bytes, status):
+    """Requests refused before the app sees them get the API's JSON error and one log line: no HTML page."""
+    head, _, body = raw_exchange(server, request_bytes).partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].split()[1] == str(status).encode()
+    assert b"Content-Type: application/json" in head
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    deadline = time.monotonic() + 30
+    while f'"status": {status}' not in server.logs():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert "<html" not in server.logs() and "Traceback" not in server.logs()
+
+
+@pytest.mark.parametrize("path", ["/admin//models", "/v1//models", "/v1/chat//completions"])
+def test_doubled_slashes_are_not_redirected_by_the_host_header(server, path):
+    """Not a 308 to a URL built from the Host the client chose: not an API path. (gunicorn itself reads a
+    leading ``//admin`` as ``/admin``, which the admin keys guard like any other.)"""
+    answer = requests.get(server.url + path, headers={"Host": "localhost"}, allow_redirects=False, timeout=10)
+    assert answer.status_code == 404 and "Location" not in answer.headers
+    assert answer.json()["error"]["code"] == "unknown_url"
+
+
+def test_the_client_behind_trusted_proxy_hops_is_logged(tiny_model, tmp_path, server):
+    forged = {"X-Forwarded-For": "198.51.100.9, 203.0.113.7"}
+    requests.get(server.url + "/v1/models", headers=forged, timeout=10)
+    env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_PROXY_HOPS": 1}
+    with run_server(tmp_path, env) as behind_proxy:
+        requests.get(behind_proxy.url + "/v1/models", headers=forged, timeout=10)
+        assert '"client": "203.0.113.7"' in behind_proxy.logs()  # one hop: the address the proxy appended
+    assert '"client": "203.0.113.7"' not in server.logs()  # no hops trusted: a client cannot name itself
+
+
+@pytest.mark.parametrize("sig, outcome", [(signal.SIGABRT, "worker_aborted"), (signal.SIGQUIT, "worker_stopped")])
+def test_streams_a_dying_worker_cuts_are_logged(tiny_model, tmp_path, sig, outcome):
+    """gunicorn's timeout (SIGABRT to the worker) and a quick shutdown cut the running streams: each is logged."""
+    models = json.dumps({"tiny": {"path": str(tiny_model), "engine": "kronk_wsgi.testing.faulty:KIND"}})
+    env = {"KRONK_MODELS": models, "KRONK_TEST_STEP_DELAY": "0.1", "KRONK_TEST_NO_EOS": 1}
+    with run_server(tmp_path, env) as server:
+        pid = requests.get(server.url + "/v1/liveness", timeout=10).json()["pid"]
+        stream = RawStream(server.host, server.port, CHAT, {"model": "tiny", "messages": HI, "max_tokens": 2000,
+                                                             "stream": True})
+        assert stream.status == 200 and next(stream.frames())
+        os.kill(pid, sig)
+        deadline = time.monotonic() + 30
+        while f'"outcome": "{outcome}"' not in server.logs():
+            assert time.monotonic() < deadline, server.logs()[-2000:]
+            time.sleep(0.05)
+        cut = [json.loads(line) for line in server.logs().splitlines() if f'"outcome": "{outcome}"' in line]
+        assert [(entry["route"], entry["status"]) for entry in cut] == [(CHAT, 200)]

@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, defau
 
 from .errors import ApiError
 from .response_store import owner_of
-from .state import RequestRecord, api_path, state
+from .state import KronkState, RequestRecord, api_path, state
 
 log = structlog.get_logger("kronk_wsgi.http")
 
@@ -89,6 +89,7 @@ def _start() -> None:
     request_id = request.headers.get("X-Request-ID", "")[:128] or uuid.uuid4().hex
     rule = request.url_rule.rule if request.url_rule else "unmatched"  # a bounded label: never the raw path
     g.kronk_record = RequestRecord(request_id=request_id, route=rule)
+    state().open_requests.add(g.kronk_record)
     structlog.contextvars.bind_contextvars(request_id=request_id)
     log.info("request started", method=request.method, path=request.path, client=request.remote_addr)
     request.max_content_length = state().settings.max_body_bytes
@@ -108,8 +109,8 @@ def _finish(response: Response) -> Response:
     protocol = state().protocols.for_path(api_path())
     if protocol.headers is not None:
         protocol.headers(response, rec)
-    metrics = state().metrics
-    response.call_on_close(lambda: _log_completed(rec, metrics))
+    kronk = state()
+    response.call_on_close(lambda: _log_completed(rec, kronk))
     if response.status_code == 408:
         # The rest of the body may never come: hang up, or the server would wait to read past it.
         sock = request.environ.get("gunicorn.socket")
@@ -133,8 +134,12 @@ def _hang_up(sock: socket.socket) -> None:
         pass  # already gone
 
 
-def _log_completed(rec: RequestRecord, metrics) -> None:
+def _log_completed(rec: RequestRecord, kronk: KronkState) -> None:
     """Runs when the WSGI server closes the response: a stream's real end."""
+    if rec not in kronk.open_requests:
+        return  # logged already: cut by a dying worker
+    kronk.open_requests.discard(rec)
+    metrics = kronk.metrics
     duration = time.monotonic() - rec.started
     stats = rec.stats
     outcome = rec.outcome or (stats.outcome if stats and stats.outcome else None)
@@ -157,6 +162,13 @@ def _log_completed(rec: RequestRecord, metrics) -> None:
     log.info("request completed", request_id=rec.request_id, **fields)
     metrics.requests.labels(rec.route, rec.model or "", str(rec.status), outcome).inc()
     metrics.request_duration.labels(rec.route).observe(duration)
+
+
+def log_cut(kronk: KronkState, outcome: str) -> None:
+    """Log every open request of a worker about to die as ended by ``outcome``: its response is cut."""
+    for rec in list(kronk.open_requests):
+        rec.outcome = outcome
+        _log_completed(rec, kronk)
 
 
 def _api_error(error: ApiError):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import time
+import weakref
 from typing import TYPE_CHECKING, Optional
 
 from flask import current_app, g, request
@@ -31,9 +32,11 @@ class KronkState:
     sealer: Sealer  # seals the reasoning a Responses client keeps
     protocols: "Protocols"
     url_prefix: str = ""  # where the API is mounted
+    # The requests begun and not yet logged as completed: what a dying worker cuts.
+    open_requests: "weakref.WeakSet[RequestRecord]" = dataclasses.field(default_factory=weakref.WeakSet)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # each record is itself: kept in a WeakSet
 class RequestRecord:
     """What the request log line and metrics need, filled in as the request goes."""
 

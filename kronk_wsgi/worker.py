@@ -1,0 +1,64 @@
+"""kronk_wsgi's gunicorn worker: the gevent worker, answering in the API's error shape and logging what it cuts."""
+
+import http
+import json
+
+import structlog
+from gunicorn import util
+from gunicorn.http import errors
+from gunicorn.workers.ggevent import GeventWorker
+
+log = structlog.get_logger("kronk_wsgi.http")
+
+# Statuses of the requests gunicorn cannot parse, where they are not 400.
+_STATUS = {
+    errors.LimitRequestLine: 414,
+    errors.LimitRequestHeaders: 431,
+    errors.ExpectationFailed: 417,
+    errors.UnsupportedTransferCoding: 501,
+    errors.ForbiddenProxyRequest: 403,
+}
+
+
+def error_answer(status: int, message: str) -> bytes:
+    """A whole HTTP response with an OpenAI-shaped JSON error: what gunicorn answers itself says so too."""
+    reason = http.HTTPStatus(status).phrase
+    code = reason.lower().replace(" ", "_").replace("-", "_")
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode("latin-1") + body
+
+
+class Worker(GeventWorker):
+    """gunicorn's gevent worker, with two changes: a request gunicorn refuses before the app sees it (a request
+    line over limit_request_line, a malformed header) gets a JSON error and one log line, not an HTML page and a
+    traceback; and the requests a dying worker cuts (gunicorn's timeout, a quick shutdown) are logged as cut."""
+
+    def handle_error(self, req, client, addr, exc) -> None:
+        if not isinstance(exc, errors.ParseException) or isinstance(exc, errors.ConfigurationProblem):
+            super().handle_error(req, client, addr, exc)  # the server's fault: gunicorn logs the traceback
+            return
+        status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
+        message = str(exc)[:300] or type(exc).__name__
+        log.warning("request refused", status=status, client=(addr or ("",))[0], error=message)
+        try:
+            util.write_nonblock(client, error_answer(status, message))
+        except OSError:
+            pass  # the client is gone
+
+    def handle_abort(self, sig, frame) -> None:
+        self._log_cut("worker_aborted")  # gunicorn's timeout: the event loop was blocked past it
+        super().handle_abort(sig, frame)
+
+    def handle_quit(self, sig, frame) -> None:
+        self._log_cut("worker_stopped")  # SIGINT or SIGQUIT: stop now, without the drain
+        super().handle_quit(sig, frame)
+
+    def _log_cut(self, outcome: str) -> None:
+        kronk = getattr(self.wsgi, "extensions", {}).get("kronk")
+        if kronk is not None:
+            from .api.hooks import log_cut
+
+            log_cut(kronk, outcome)

@@ -9,7 +9,7 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +35,9 @@ class ModelSpec(BaseModel):
     demo: Optional[str] = None  # or a generated demo model of this size ("tiny", "medium")
     context_length: Optional[int] = Field(None, ge=16)  # default: the file's own
     chat_template: Optional[str] = None  # a built-in name or Jinja text; default: the file's
+    # Texts that end every reply of this model as its end-of-turn token does (Ollama's Modelfile `stop`): what
+    # ends a base model's turn, or a chat format's marker the file lacks. Added to each request's own stops.
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=16)
     # "auto": the first engine of the registry that runs the file and takes the engine_options;
     # or "ctransformers", "llama.cpp", or "package.module:KIND"
     engine: str = "auto"

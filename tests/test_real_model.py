@@ -210,3 +210,16 @@ def test_prepared_copy_is_made_once_and_the_source_kept(smollm2, tmp_path):
     assert hashlib.sha256(smollm2.read_bytes()).hexdigest() == before
     (copy,) = (tmp_path / "cache" / "kronk_wsgi" / "prepared").glob("*.gguf")
     assert read_gguf(copy).tensor("output.weight") is not None
+
+
+def test_a_models_configured_stop_ends_its_replies_as_its_end_token_does(smollm2, tmp_path):
+    models = json.dumps({"smol": {"path": str(smollm2), "stop": ["."]}})
+    with run_server(tmp_path, {"KRONK_MODELS": models}) as server:
+        ask = [{"role": "user", "content": "Write three sentences about the sea."}]
+        answer = server.post("/v1/chat/completions", {"model": "smol", "messages": ask, "max_tokens": 80,
+                                                      "temperature": 0}).json()["choices"][0]
+        assert answer["finish_reason"] == "stop" and answer["message"]["content"]
+        assert "." not in answer["message"]["content"]
+        message = server.post("/v1/messages", {"model": "smol", "messages": ask, "max_tokens": 80,
+                                               "temperature": 0}).json()
+        assert message["stop_reason"] == "end_turn" and message["content"][0]["text"] == answer["message"]["content"]

@@ -111,7 +111,7 @@ class LoadedModel:
     """
 
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
-                 memory: int = 0, path: Optional[Path] = None) -> None:
+                 memory: int = 0, path: Optional[Path] = None, stop: Sequence[str] = ()) -> None:
         self.id = model_id
         self.path = path  # its file, whose size and modification time must stay what they were at the load
         self._stamp = _stamp(path)
@@ -124,9 +124,11 @@ class LoadedModel:
         self.keep_alive: Optional[float] = None  # seconds it stays loaded unused, as a client asked; < 0: for good
         closing = engine.tokenizer.control.get(template.closing_token() or "")
         self.end_ids = engine.tokenizer.end_ids | ({closing} if closing is not None else set())
-        # The turn's closing marker, where the vocabulary has it only as text: a reply ends there too.
+        # The turn's closing marker, where the vocabulary has it only as text, and the model's configured stops:
+        # a reply ends there too.
         text = template.closing_text()
-        self.end_texts: tuple[str, ...] = (text,) if text and text not in engine.tokenizer.control else ()
+        closing_text = (text,) if text and text not in engine.tokenizer.control else ()
+        self.end_texts: tuple[str, ...] = closing_text + tuple(stop)
         self.created = int(time.time())
         self.prompt_cache: Optional[PromptCache] = slots[0].state_cache if slots else None
         self.slot_threads = ThreadPool(len(slots))
@@ -318,7 +320,7 @@ class ModelPool:
             waiting = self._waiting.pop(model_id)
         # gevent objects belong to the hub's thread: build the model here, not in _load.
         model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
-                            memory, path)
+                            memory, path, spec.stop)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)

@@ -1,0 +1,79 @@
+"""Claude Code and Codex CLI themselves, headless, against a server running Gemma 3 270M with its 32k context.
+
+The CLIs come from npm (.ci/run installs them into KRONK_TEST_NODE_MODULES). Gemma 3 270M is a base model:
+its replies to an agent's 10k-token prompt are noise of any length, so the model is configured, as an Ollama
+Modelfile would configure a base model, to end its turn at a blank line. What is tested is the clients' side:
+each runs to its end, exits 0, and every request it made is a 200.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kronk_wsgi.engine import llamacpp_engine
+
+from .conftest import run_server
+
+NODE_MODULES = Path(os.environ.get("KRONK_TEST_NODE_MODULES", "/nonexistent"))
+
+if not llamacpp_engine.available() or not (NODE_MODULES / ".bin").is_dir():
+    if os.environ.get("KRONK_TEST_REQUIRE_NPM") and os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") == "1":
+        raise RuntimeError("Claude Code and Codex are required (KRONK_TEST_REQUIRE_NPM) but not installed")
+    pytest.skip("the agent CLIs or llama-cpp-python are not installed (KRONK_TEST_NODE_MODULES)",
+                allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(900)  # about a minute of prefill per CLI on 2 cores, more on a busy machine
+
+
+@pytest.fixture(scope="module")
+def gemma_server(gemma3, tmp_path_factory):
+    models = json.dumps({"gemma": {"path": str(gemma3), "engine": "llama.cpp", "context_length": 32768,
+                                   "stop": ["\n\n"]}})
+    with run_server(tmp_path_factory.mktemp("agents"), {"KRONK_MODELS": models, "KRONK_THREADS": 2}) as server:
+        yield server
+
+
+def requests_logged(server, since: int) -> list[dict]:
+    """The request log's completed requests, from line ``since`` on."""
+    lines = server.logs().splitlines()[since:]
+    return [json.loads(line) for line in lines if line.startswith("{") and '"request completed"' in line]
+
+
+def run_cli(command: list[str], home: Path, env: dict) -> subprocess.CompletedProcess:
+    home.mkdir(exist_ok=True)
+    return subprocess.run(command, cwd=home, capture_output=True, text=True, timeout=800,
+                          env={"PATH": os.environ["PATH"], "HOME": str(home), **env})
+
+
+def test_claude_code(gemma_server, tmp_path):
+    since = len(gemma_server.logs().splitlines())
+    ran = run_cli([str(NODE_MODULES / ".bin" / "claude"), "-p", "say hi", "--output-format", "json"], tmp_path, {
+        "ANTHROPIC_BASE_URL": gemma_server.url, "ANTHROPIC_AUTH_TOKEN": "unused", "ANTHROPIC_MODEL": "gemma",
+        "ANTHROPIC_SMALL_FAST_MODEL": "gemma", "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    })
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
+    result = json.loads(ran.stdout)
+    assert result["is_error"] is False and result["stop_reason"] == "end_turn"
+    usage = result["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] > 5000  # Claude Code's own prompt, read here
+    made = requests_logged(gemma_server, since)
+    assert made and {entry["route"] for entry in made} <= {"/v1/messages", "/v1/models"}
+    assert [entry["status"] for entry in made] == [200] * len(made)
+
+
+def test_codex_cli(gemma_server, tmp_path):
+    since = len(gemma_server.logs().splitlines())
+    (tmp_path / "codex").mkdir()
+    (tmp_path / "codex" / "config.toml").write_text(
+        'model = "gemma"\nmodel_provider = "kronk"\n\n[model_providers.kronk]\nname = "kronk"\n'
+        f'base_url = "{gemma_server.url}/v1"\nwire_api = "responses"\n')
+    ran = run_cli([str(NODE_MODULES / ".bin" / "codex"), "exec", "--skip-git-repo-check", "say hi"], tmp_path,
+                  {"CODEX_HOME": str(tmp_path / "codex"), "OPENAI_API_KEY": "unused"})
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
+    made = [entry for entry in requests_logged(gemma_server, since) if entry["route"] != "/v1/models"]
+    assert made and {entry["route"] for entry in made} == {"/v1/responses"}
+    assert [entry["status"] for entry in made] == [200] * len(made)
+    assert all("web_search" in entry.get("tools_not_offered", ()) for entry in made)  # named, never silently

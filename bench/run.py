@@ -4,6 +4,7 @@
     python bench/run.py --model smollm2 [--tokens 200]
     python bench/run.py --storm
     python bench/run.py --idle
+    python bench/run.py --stalls
     python bench/run.py --grammar [--tokens 200]
     python bench/run.py --engines [--tokens 100] [--rounds 7] [--llama-server PATH]
     python bench/run.py --chunks
@@ -668,6 +669,7 @@ def main() -> None:
     parser.add_argument("--model", default="demo", choices=["demo", "smollm2"])
     parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
     parser.add_argument("--idle", action="store_true", help="3,000 idle connections instead")
+    parser.add_argument("--stalls", action="store_true", help="the hostile requests that once stalled a worker instead")
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--conversations", action="store_true", help="six conversations beyond two slots instead")
@@ -691,6 +693,13 @@ def main() -> None:
         return
     if args.chunks:
         print_rows(prefill_chunks())
+        return
+    if args.stalls:
+        from stalls import stall_probes
+
+        workdir = ROOT / "bench" / "results" / "stalls"
+        workdir.mkdir(parents=True, exist_ok=True)
+        print_rows(stall_probes(workdir))
         return
     if args.conversations:
         print_rows(conversations(args.llama_server))

@@ -601,7 +601,8 @@ class ResponsesEncoder(Encoder):
                 cut_short = position == len(answer) - 1 and end.reason == "length"
                 status = "incomplete" if cut_short else "completed"
                 items.append(_message_item(_new_id("msg_"), event.text, status, listed.get(id(event))))
-        final = _final(self.base, items, end, finished)
+        return {**_final(self.base, items, end, finished), "output_text": _output_text(items)}
+
+    def keep_whole(self, answer: dict) -> None:
         if self.keep:
-            self.keep(final)
-        return {**final, "output_text": _output_text(items)}
+            self.keep({key: value for key, value in answer.items() if key != "output_text"})

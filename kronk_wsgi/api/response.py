@@ -126,7 +126,11 @@ class Encoder(abc.ABC):
 
     @abc.abstractmethod
     def whole(self, output: list[Event], finished: Finished) -> dict:
-        """The answer as one object, when it is not streamed; ``output`` has text runs merged."""
+        """The answer as one object, when it is not streamed; ``output`` has text runs merged. Built in a worker
+        thread: it touches nothing but its arguments and the encoder."""
+
+    def keep_whole(self, answer: dict) -> None:
+        """Keep a whole answer where the protocol keeps answers (on the event loop, before the client has it)."""
 
     def frames(self, events: Iterator[Event]) -> Iterator[str]:
         """Every frame of a streamed answer, from the start to the protocol's end or its in-band error."""
@@ -150,8 +154,10 @@ def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
         response.call_on_close(session.close)
         return response
     output, finished = run_to_end(session)
-    answer = encoder.whole(output, finished)
-    # Off the event loop: n choices of long answers with their log probabilities make tens of megabytes of JSON.
+    # Off the event loop: n choices of long answers with their log probabilities are hundreds of thousands of
+    # objects, tens of megabytes of JSON.
+    answer = offload.call(state().body_thread, encoder.whole, output, finished)
+    encoder.keep_whole(answer)
     body = offload.call(state().body_thread, compact_json, answer).encode()
     pieces = (body[i:i + WHOLE_CHUNK] for i in range(0, len(body), WHOLE_CHUNK))
     response = Response(watched(pieces, record()), mimetype="application/json")

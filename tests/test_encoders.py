@@ -10,6 +10,7 @@ from kronk_wsgi.api.ollama import KEEPALIVE as OLLAMA_KEEPALIVE, OllamaEncoder
 from kronk_wsgi.api.openai_chat import ChatEncoder
 from kronk_wsgi.api.openai_completions import CompletionEncoder
 from kronk_wsgi.api.openai_responses import ResponsesEncoder
+from kronk_wsgi.api.sse import compact_json, compact_json_pieces
 from kronk_wsgi.serving.session import GenerationStats
 from kronk_wsgi.serving.events import (
     KEEPALIVE, ChoiceEnd, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage, coalesce,
@@ -211,3 +212,12 @@ def test_ollama_generate_whole_with_logprobs_and_a_failure_line():
         {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}, {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]}]}]
     last = json.loads(list(ollama_encoder().frames(iter([TextDelta("a"), SHUTDOWN])))[-1])
     assert last["done"] is True and last["error"].startswith("the server is shutting down")
+
+
+@pytest.mark.parametrize("value", [
+    {}, [], "text", 3, None, {"a": [1, {"b": []}, "x"], "c": {"d": None, "é": True, "n": -2.5}},
+    [[[[[[[1, "deep"]]]]]]], {"choices": [{"logprobs": {"content": [{"token": "hi", "bytes": [104, 105],
+                                                                  "top_logprobs": []}]}}]},
+])
+def test_json_in_pieces_is_the_same_json(value):
+    assert "".join(compact_json_pieces(value)) == compact_json(value)

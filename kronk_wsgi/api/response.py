@@ -10,6 +10,8 @@ the body, and the session is closed however the stream ends.
 """
 
 import abc
+import contextlib
+import gc
 import os
 import socket
 import time
@@ -28,7 +30,7 @@ from ..serving.events import (
 from ..serving.session import Session
 from .errors import ApiError
 from .protocol import Protocol
-from .sse import compact_json
+from .sse import compact_json_pieces
 from .state import record, state
 
 # The status of an answer that is not streamed, by how its generation failed.
@@ -156,13 +158,29 @@ def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
     output, finished = run_to_end(session)
     # Off the event loop: n choices of long answers with their log probabilities are hundreds of thousands of
     # objects, tens of megabytes of JSON.
-    answer = offload.call(state().body_thread, encoder.whole, output, finished)
-    encoder.keep_whole(answer)
-    body = offload.call(state().body_thread, compact_json, answer).encode()
+    with _collector_paused():
+        answer = offload.call(state().body_thread, encoder.whole, output, finished)
+        encoder.keep_whole(answer)
+        body = offload.call(state().body_thread, lambda: "".join(compact_json_pieces(answer)).encode())
+        del answer  # freed before the collector runs again, or its first pass would walk all of it
     pieces = (body[i:i + WHOLE_CHUNK] for i in range(0, len(body), WHOLE_CHUNK))
     response = Response(watched(pieces, record()), mimetype="application/json")
     response.headers["Content-Length"] = str(len(body))
     return response
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused for a moment. A whole answer is up to millions of new containers: each
+    collection they set off walks the growing heap holding the GIL, and stalled the event loop up to half a
+    second a time. Reference counting frees them once the answer is out."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def watched(pieces: Iterable, stats=None) -> Iterator:

@@ -211,4 +211,4 @@ def test_gunicorn_config_file(tmp_path, tiny_model):
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=15)
-    assert "Using worker: gevent" in err
+    assert "Using worker: kronk_wsgi.worker.Worker" in err  # the gevent worker, answering its errors in JSON

@@ -161,12 +161,16 @@ def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
     with _collector_paused():
         answer = offload.call(state().body_thread, encoder.whole, output, finished)
         encoder.keep_whole(answer)
-        body = offload.call(state().body_thread, lambda: "".join(compact_json_pieces(answer)).encode())
+        body = offload.call(state().body_thread, _json_bytes, answer)
         del answer  # freed before the collector runs again, or its first pass would walk all of it
     pieces = (body[i:i + WHOLE_CHUNK] for i in range(0, len(body), WHOLE_CHUNK))
     response = Response(watched(pieces, record()), mimetype="application/json")
     response.headers["Content-Length"] = str(len(body))
     return response
+
+
+def _json_bytes(value: dict) -> bytes:
+    return "".join(compact_json_pieces(value)).encode()
 
 
 @contextlib.contextmanager

@@ -66,6 +66,7 @@ from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
 from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, free_port, metric, run_server  # noqa: E402
 from kronk_wsgi.testing.balancers import run_nginx, run_router  # noqa: E402
 from kronk_wsgi.testing.storm import storm  # noqa: E402
+from stalls import stall_probes  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
 
@@ -679,37 +680,16 @@ def main() -> None:
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines, --balancers)")
     args = parser.parse_args()
-    if args.engines:
-        print_rows(engines_side_by_side(args.tokens, args.llama_server, args.rounds))
-        return
-    if args.storm:
-        print_rows(body_storm())
-        return
-    if args.idle:
-        print_rows(idle_flood())
-        return
-    if args.grammar:
-        print_rows(grammar_cost(args.tokens))
-        return
-    if args.chunks:
-        print_rows(prefill_chunks())
-        return
-    if args.stalls:
-        from stalls import stall_probes
-
-        workdir = ROOT / "bench" / "results" / "stalls"
-        workdir.mkdir(parents=True, exist_ok=True)
-        print_rows(stall_probes(workdir))
-        return
-    if args.conversations:
-        print_rows(conversations(args.llama_server))
-        return
-    if args.agent:
-        print_rows(agent_prompt())
-        return
-    if args.balancers:
-        print_rows(balancers_side_by_side(args.tokens, args.rounds))
-        return
+    chosen = {
+        "engines": lambda: engines_side_by_side(args.tokens, args.llama_server, args.rounds),
+        "storm": body_storm, "idle": idle_flood, "grammar": lambda: grammar_cost(args.tokens),
+        "chunks": prefill_chunks, "stalls": stall_probes, "conversations": lambda: conversations(args.llama_server),
+        "agent": agent_prompt, "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
+    }
+    for name, run in chosen.items():
+        if getattr(args, name):
+            print_rows(run())
+            return
     if args.model == "smollm2":
         print_rows(real_model(args.tokens))
         return

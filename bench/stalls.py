@@ -118,7 +118,9 @@ def _measure(url: str, probe: Callable[[], None]) -> tuple[list[float], float]:
     return sorted(latencies), max(b - a for a, b in zip(during, during[1:]))
 
 
-def stall_probes(workdir: Path) -> list[tuple[str, str]]:
+def stall_probes() -> list[tuple[str, str]]:
+    workdir = Path(__file__).resolve().parent / "results" / "stalls"
+    workdir.mkdir(parents=True, exist_ok=True)
     path = ensure_demo_model("tiny")
     models = {"slow": {"path": str(path), "engine": "kronk_wsgi.testing.faulty:KIND"}, "fast": {"path": str(path)}}
     store = workdir / "responses.sqlite3"

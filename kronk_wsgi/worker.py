@@ -8,6 +8,9 @@ from gunicorn import util
 from gunicorn.http import errors
 from gunicorn.workers.ggevent import GeventWorker
 
+# Loaded by gunicorn's master, before its workers patch the standard library: nothing that imports the app.
+from .api.errors import ApiError, openai_error_body
+
 log = structlog.get_logger("kronk_wsgi.http")
 
 # Statuses of the requests gunicorn cannot parse, where they are not 400.
@@ -24,8 +27,7 @@ def error_answer(status: int, message: str) -> bytes:
     """A whole HTTP response with an OpenAI-shaped JSON error: what gunicorn answers itself says so too."""
     reason = http.HTTPStatus(status).phrase
     code = reason.lower().replace(" ", "_").replace("-", "_")
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    body = json.dumps(openai_error_body(ApiError(status, message, code=code))).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     return head.encode("latin-1") + body

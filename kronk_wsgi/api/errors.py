@@ -13,8 +13,11 @@ _TYPES = {
     405: "invalid_request_error",
     408: "timeout",
     413: "invalid_request_error",
+    414: "invalid_request_error",
     415: "invalid_request_error",
+    417: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     499: "client_closed_request",
     503: "service_unavailable",
     504: "timeout",
@@ -51,6 +54,10 @@ class ApiError(Exception):
         headers = {"Allow": ", ".join(exc.valid_methods)} if getattr(exc, "valid_methods", None) else None
         codes = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}
         return cls(status, exc.description or exc.name, code=codes.get(status), headers=headers)
+
+
+def openai_error_body(error: ApiError) -> dict:
+    return {"error": {"message": error.message, "type": error.type, "code": error.code, "param": error.param}}
 
 
 def invalid(message: str, param: Optional[str] = None, code: Optional[str] = None) -> ApiError:

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from flask import Blueprint, Response, jsonify
 
-from .errors import ApiError
+from .errors import ApiError, openai_error_body
 from .state import RequestRecord
 
 
@@ -23,10 +23,6 @@ class Framing:
 
 
 SSE = Framing("text/event-stream", ": keep-alive\n\n")
-
-
-def openai_error_body(error: ApiError) -> dict:
-    return {"error": {"message": error.message, "type": error.type, "code": error.code, "param": error.param}}
 
 
 @dataclasses.dataclass(frozen=True)

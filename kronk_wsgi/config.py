@@ -18,6 +18,13 @@ DEMO_MODEL_ID = "kronk-demo"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
+def host_name(address: str) -> str:
+    """The host of ``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    return address.rpartition(":")[0] if ":" in address else address
+
+
 class ConfigError(ValueError):
     """The configuration is invalid; the message says which key and why."""
 
@@ -163,8 +170,7 @@ class Settings(BaseModel):
 
     def loopback_bind(self) -> bool:
         """Whether the server listens on a loopback address only."""
-        host = self.bind.rpartition(":")[0].strip("[]") if ":" in self.bind else self.bind
-        return host in LOOPBACK_HOSTS
+        return host_name(self.bind) in LOOPBACK_HOSTS
 
     def prompt_cache_ram_bytes(self) -> int:
         if self.prompt_cache_ram_mb is not None:

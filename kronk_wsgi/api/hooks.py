@@ -15,6 +15,7 @@ import structlog
 from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, default_exceptions
 
+from ..config import host_name
 from .errors import ApiError
 from .response_store import owner_of
 from .state import KronkState, RequestRecord, api_path, state
@@ -35,8 +36,7 @@ def _check_host() -> None:
     if not allowed or "*" in allowed or api_path() in OPEN_PATHS:
         return
     host = request.host.lower()
-    name = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] if ":" in host else host
-    if name not in allowed:
+    if host_name(host) not in allowed:
         raise ApiError(400, f"the Host {host[:100]!r} is not one this server answers to (allowed_hosts)",
                        code="host_not_allowed")
 

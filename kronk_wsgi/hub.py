@@ -105,13 +105,13 @@ def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optiona
             names = cached  # a hub that cannot be reached does not keep a cached model from serving
     ggufs = [n for n in names if n.endswith(".gguf")]
     if file_or_quant and file_or_quant.endswith(".gguf"):  # a file name: it must be there
-        chosen = [n for n in ggufs if n == file_or_quant]
+        chosen, what = [n for n in ggufs if n == file_or_quant], f"file {file_or_quant!r}"
+    elif file_or_quant:
+        chosen, what = [n for n in ggufs if matches_quant(n, file_or_quant)], f"quantization {file_or_quant!r}"
     else:
-        chosen = [n for n in ggufs if file_or_quant is None or matches_quant(n, file_or_quant)]
+        chosen, what = ggufs, "a file name or quantization"
     if len(chosen) == 1:
         return chosen[0]
-    what = (f"file {file_or_quant!r}" if file_or_quant and file_or_quant.endswith(".gguf")
-            else f"quantization {file_or_quant!r}" if file_or_quant else "a file name or quantization")
     if not chosen:
         listing = ", ".join(ggufs) or "none"
         raise HubError(f"no GGUF file of {repo_id} matches {what}; its GGUF files: {listing}")

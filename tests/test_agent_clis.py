@@ -36,12 +36,6 @@ def gemma_server(gemma3, tmp_path_factory):
         yield server
 
 
-def requests_logged(server, since: int) -> list[dict]:
-    """The request log's completed requests, from line ``since`` on."""
-    lines = server.logs().splitlines()[since:]
-    return [json.loads(line) for line in lines if line.startswith("{") and '"request completed"' in line]
-
-
 def run_cli(command: list[str], home: Path, env: dict) -> subprocess.CompletedProcess:
     home.mkdir(exist_ok=True)
     return subprocess.run(command, cwd=home, capture_output=True, text=True, timeout=800,
@@ -59,7 +53,7 @@ def test_claude_code(gemma_server, tmp_path):
     assert result["is_error"] is False and result["stop_reason"] == "end_turn"
     usage = result["usage"]
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] > 5000  # Claude Code's own prompt, read here
-    made = requests_logged(gemma_server, since)
+    made = gemma_server.completed(since)
     assert made and {entry["route"] for entry in made} <= {"/v1/messages", "/v1/models"}
     assert [entry["status"] for entry in made] == [200] * len(made)
 
@@ -73,7 +67,7 @@ def test_codex_cli(gemma_server, tmp_path):
     ran = run_cli([str(NODE_MODULES / ".bin" / "codex"), "exec", "--skip-git-repo-check", "say hi"], tmp_path,
                   {"CODEX_HOME": str(tmp_path / "codex"), "OPENAI_API_KEY": "unused"})
     assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
-    made = [entry for entry in requests_logged(gemma_server, since) if entry["route"] != "/v1/models"]
+    made = [entry for entry in gemma_server.completed(since) if entry["route"] != "/v1/models"]
     assert made and {entry["route"] for entry in made} == {"/v1/responses"}
     assert [entry["status"] for entry in made] == [200] * len(made)
     assert all("web_search" in entry.get("tools_not_offered", ()) for entry in made)  # named, never silently

@@ -223,9 +223,7 @@ def test_shutdown_drains_then_ends_streams_in_band(draining):
     assert '"code":"shutting_down"' not in frames[-1] and '"code":"shutdown"' in frames[-1]
     assert "[DONE]" not in "".join(frames)
     draining.proc.wait(timeout=60)
-    completed = [json.loads(line) for line in draining.logs().splitlines()
-                 if line.startswith("{") and '"request completed"' in line]
-    outcomes = {entry["outcome"] for entry in completed if entry["route"] == CHAT}
+    outcomes = {entry["outcome"] for entry in draining.completed() if entry["route"] == CHAT}
     assert outcomes == {"ok", "shutdown"}
 
 
@@ -338,5 +336,5 @@ def test_streams_a_dying_worker_cuts_are_logged(tiny_model, tmp_path, sig, outco
         while f'"outcome": "{outcome}"' not in server.logs():
             assert time.monotonic() < deadline, server.logs()[-2000:]
             time.sleep(0.05)
-        cut = [json.loads(line) for line in server.logs().splitlines() if f'"outcome": "{outcome}"' in line]
+        cut = [entry for entry in server.completed() if entry["outcome"] == outcome]
         assert [(entry["route"], entry["status"]) for entry in cut] == [(CHAT, 200)]

@@ -6,6 +6,7 @@ stream probes built on it.
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import signal
@@ -108,6 +109,11 @@ class Server:
 
     def logs(self) -> str:
         return self.log.read_text()
+
+    def completed(self, since: int = 0) -> list[dict]:
+        """The request log's "request completed" entries, from its line ``since`` on."""
+        lines = self.logs().splitlines()[since:]
+        return [json.loads(line) for line in lines if line.startswith("{") and '"request completed"' in line]
 
     def stop(self, graceful: bool = False, timeout: float = 15) -> int:
         """Stop the server and return its exit status: SIGTERM (a drain) if ``graceful``, else SIGQUIT at once.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from anthropic import Anthropic
 from openai import OpenAI
 
 from kronk_wsgi.describe import kv_cache_bytes
@@ -217,3 +218,76 @@ def test_the_memory_estimate_follows_the_sliding_window(gemma3):
     model = read_gguf(gemma3)
     full_size = 18 * 32768 * (256 + 256) * 2  # every layer over the whole context, as before
     assert kv_cache_bytes(model, 32768) < 0.25 * full_size
+
+
+def test_a_cache_key_marks_where_its_prompts_part():
+    cache = PromptCache("model a", 10 * MB, None, 0)
+    system = tokens(20, 3 * BLOCK + 7)
+    assert cache.key_branch("team", system + tokens(21, 100)) == 0  # the key's first prompt: nothing to part from
+    assert cache.key_branch("team", system + tokens(22, 100)) == 3 * BLOCK  # the shared blocks
+    assert cache.key_branch("other", system + tokens(23, 100)) == 0  # another key's prompts are not its
+    later = system + tokens(22, 100) + tokens(24, 80)
+    assert cache.key_branch("team", later) == 0  # a later turn continues the last prompt
+
+
+@needs_llamacpp
+def test_a_shared_prefix_is_saved_where_conversations_part_and_at_a_breakpoint(smollm2, tmp_path):
+    engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=1024)
+    (slot,) = engine.new_slots(1, 2)
+    cache = slot.state_cache = PromptCache(engine.state_identity(), 100 * MB, tmp_path, 100 * MB)
+    plain = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=1024)
+    (fresh,) = plain.new_slots(1, 2)
+    tokenizer = engine.tokenizer
+    system = tokenizer.prompt("You answer questions about lighthouses, briefly and kindly. " * 12)
+    first = system + tokenizer.encode(" Who kept the northern light?")
+    greedy(slot, first, 4)
+    slot.keep_state()  # as a session does once the answer is out
+    second = system + tokenizer.encode(" How tall was the southern tower?")
+    answer, _, reused = greedy(slot, second, 8)
+    parted = reused  # where the second left the first: the system prompt and what the two questions share
+    assert len(system) <= parted < len(second) and cache.holds(second[:parted])
+    assert answer == greedy(fresh, second, 8)[0]
+    assert cache.take_counts().saved == 2  # the first conversation, and the prefix the two share
+    third = system + tokenizer.encode(" Was the light ever moved?")
+    greedy(slot, third, 4)
+    assert cache.take_counts().saved == 0  # the prefix is there already: not saved again
+    slot.keep_state()  # the answer is out: the prefix's deferred disk write goes with this one
+    assert len(list(Path(cache.disk_dir).glob("*" + SUFFIX))) == 3
+
+    document = tokenizer.prompt("A recipe for bread with flour, water and salt. " * 30)
+    point = len(document) - 40  # a breakpoint inside the prompt: its prefix is saved on the way
+    slot.prefill(document, save_at=[point])
+    assert cache.holds(document[:point]) and slot.cache_written == point
+    assert int(np.argmax(slot.logits())) == greedy(fresh, document, 1)[0][0]  # the save changed nothing
+    slot.prefill(document + tokenizer.encode(" Bake it."), save_at=[10_000])  # at the end: saved with the answer
+    assert slot.cache_written == len(tokenizer.encode(" Bake it."))
+
+
+@needs_llamacpp
+def test_cache_control_breakpoints_save_prefixes_and_usage_says_so(smollm2, tmp_path):
+    models = '{"smol": {"path": "%s", "engine": "llama.cpp", "context_length": 2048}}' % smollm2
+    env = {"KRONK_MODELS": models, "KRONK_PARALLEL": 1, "KRONK_THREADS": 2,
+           "KRONK_PROMPT_CACHE_DIR": str(tmp_path / "prompt-cache")}
+    system = [{"type": "text", "text": "You answer questions about lighthouses, briefly. " * 15,
+               "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    with run_server(tmp_path, env) as server:
+        client = Anthropic(base_url=server.url, api_key="unused")
+
+        def ask(question: str, **fields) -> tuple[dict, int]:
+            messages = [{"role": "user", "content": question}]
+            reply = client.messages.create(model="smol", max_tokens=4, system=system, messages=messages,
+                                           extra_body={"temperature": 0, **fields})
+            counted = client.messages.count_tokens(model="smol", system=system, messages=messages).input_tokens
+            return reply.usage, counted
+
+        usage, counted = ask("Who kept the northern light?")
+        assert usage.cache_read_input_tokens == 0 and 100 < usage.cache_creation_input_tokens < counted
+        assert usage.input_tokens + usage.cache_creation_input_tokens == counted
+        breakpoint_at = usage.cache_creation_input_tokens
+        usage, counted = ask("A different question, about the southern tower?")
+        assert usage.cache_creation_input_tokens == 0 and usage.cache_read_input_tokens >= breakpoint_at
+        assert usage.input_tokens + usage.cache_read_input_tokens == counted
+        usage, counted = ask("And a third one?", cache_control={"type": "ephemeral"})
+        assert usage.cache_read_input_tokens >= breakpoint_at  # the whole prompt is saved with its answer
+        assert usage.cache_creation_input_tokens == counted - usage.cache_read_input_tokens > 0
+        assert usage.input_tokens == 0

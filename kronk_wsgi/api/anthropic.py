@@ -56,7 +56,8 @@ PROTOCOL = Protocol(
 
 
 class CacheControl(Strict):
-    """Accepted for compatibility: every slot reuses its cached prompt prefix anyway."""
+    """A breakpoint: the prompt cache saves the prefix that ends here (with the llama.cpp engine). Entries are
+    kept by the cache's own budgets, whatever the ``ttl``."""
 
     type: Literal["ephemeral"]
     ttl: Optional[Literal["5m", "1h"]] = None
@@ -434,18 +435,34 @@ class MessagesRequest(CountTokensRequest):
             thinking_budget=self.thinking.budget_tokens if isinstance(self.thinking, ThinkingEnabled) else None,
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0),
             stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens, not_offered=self.not_offered(),
+            cache_breaks=self.cache_breaks(),
         )
+
+    def cache_breaks(self) -> tuple[int, ...]:
+        """The cache_control breakpoints, as how many template messages the cached prefix runs through: the
+        tools and system (a tool's or a system block's), a message's end (one of its blocks'), and the whole
+        prompt (the request's own, Anthropic's automatic caching)."""
+        count = 0 if self.system is None else 1
+        system = self.system if isinstance(self.system, list) else []
+        breaks = [count] if any(getattr(b, "cache_control", None) for b in [*(self.tools or ()), *system]) else []
+        for message in self.messages:
+            count += len(message.for_template())
+            if isinstance(message.content, list) and any(getattr(b, "cache_control", None) for b in message.content):
+                breaks.append(count)
+        if self.cache_control is not None:
+            breaks.append(count)
+        return tuple(breaks)
 
 
 def _usage(usage: Usage) -> dict:
-    """Anthropic's usage: the prompt's tokens read from the slot's cache apart from those evaluated.
+    """Anthropic's usage: the prompt's tokens read from a cache, those saved at its breakpoints, and the rest.
 
-    input_tokens + cache_read_input_tokens is the whole prompt. Every evaluated token is cached
-    for the next request, but not on request, so nothing counts as cache creation.
+    The three input counts add up to the whole prompt.
     """
     return {
-        "input_tokens": usage.prompt_tokens - usage.cached_tokens, "output_tokens": usage.completion_tokens,
-        "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage.cached_tokens,
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens - usage.cache_written,
+        "output_tokens": usage.completion_tokens, "cache_creation_input_tokens": usage.cache_written,
+        "cache_read_input_tokens": usage.cached_tokens,
     }
 
 

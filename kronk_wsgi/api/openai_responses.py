@@ -272,6 +272,7 @@ class ResponsesRequest(Strict):
             not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
             max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
+            cache_key=self.prompt_cache_key,
         )
 
     def functions(self) -> list[FunctionTool]:

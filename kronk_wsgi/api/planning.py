@@ -7,11 +7,13 @@ raise ``ApiError``s that name the body's own fields.
 """
 
 import dataclasses
+import os
 from typing import Callable, Optional, Sequence, Union
 
 import jsonschema
 import jsonschema.protocols
 
+from ..engine.base import shared_prefix
 from ..engine.chat_template import ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
 from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
@@ -101,6 +103,11 @@ class GenerationRequest:
     ignore_eos: bool = False  # the reply goes on past end tokens, to max_tokens (SGLang's and vLLM's field)
     context: Optional[int] = None  # a smaller context window than the model's, prompt and reply (Ollama's num_ctx)
     context_param: str = "num_ctx"
+    # Hints of what the prompt cache should keep: the conversation's prefix through each of these many
+    # ``messages`` (Anthropic's cache_control breakpoints), and the part a prompt shares with the last one
+    # sent with the same key (OpenAI's prompt_cache_key).
+    cache_breaks: tuple[int, ...] = ()
+    cache_key: Optional[str] = None
 
     @property
     def calls_tools(self) -> bool:
@@ -187,7 +194,31 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         thinking_close=reading.reasoning.close if reading.inside_thinking else "",
         thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs,
     )
-    return GenerationJob(token_lists, request.n, tokenizer, decode, reading)
+    save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
+    return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at)
+
+
+def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[Prompt, RenderedPrompt],
+                 tokens: list[int]) -> tuple[int, ...]:
+    """The prompt lengths at which the request's hints say its prefix is worth saving (``cache_breaks``,
+    ``cache_key``). A break whose messages the template cannot render alone is no hint."""
+    cache = model.prompt_cache
+    points = [cache.key_branch(request.cache_key, tokens)] if request.cache_key is not None else []
+    if not request.cache_breaks or not isinstance(prompt, RenderedPrompt):
+        return tuple(points)
+    tools = request.tools.tools if request.tools else None
+    for count in sorted(set(request.cache_breaks)):
+        if count >= len(request.messages):
+            points.append(len(tokens))  # the whole prompt: saved with its answer
+            continue
+        try:
+            head = offload.call(model.prep, model.template.render, request.messages[:count],
+                                list(tools) if tools else None, request.thinking)
+        except ChatTemplateError:
+            continue
+        text = os.path.commonprefix([head.text, prompt.text])
+        points.append(shared_prefix(model.tokenize(text, inert=prompt.inert), tokens))
+    return tuple(points)
 
 
 def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> EmbeddingJob:

@@ -290,6 +290,7 @@ class ChatCompletionRequest(SamplingFields):
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
             top_logprobs=(self.top_logprobs or 0) if self.logprobs else None, ignore_eos=self.ignore_eos,
             not_offered=("web_search",) if self.web_search_options is not None else (),
+            cache_key=self.prompt_cache_key,
         )
 
     def _reply_format(self) -> Optional[ReplyFormat]:

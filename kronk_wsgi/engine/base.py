@@ -37,6 +37,12 @@ def shared_prefix(tokens: Sequence[int], cached: Sequence[int]) -> int:
     return n
 
 
+def _branch(tokens: Sequence[int], held: Sequence[int]) -> int:
+    """Where ``tokens`` part from ``held`` (both go on past it), or 0 if one continues the other."""
+    shared = shared_prefix(tokens, held)
+    return shared if shared < min(len(tokens), len(held)) else 0
+
+
 class EngineError(Exception):
     """The engine failed: a load or an inference call did not succeed."""
 
@@ -54,6 +60,7 @@ class Slot(abc.ABC):
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
         self.state_cache: Optional[PromptCache] = None  # saved states to restore from, where the engine has them
+        self.cache_written = 0  # prompt tokens the last prefill saved at its save points, beyond those it reused
 
     @abc.abstractmethod
     def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None) -> Optional[int]:
@@ -76,44 +83,65 @@ class Slot(abc.ABC):
         tokens: Sequence[int],
         cancelled: Callable[[], bool] = lambda: False,
         chunk: Optional[int] = None,
+        save_at: Sequence[int] = (),
     ) -> int:
         """Evaluate a prompt, reusing the cached prefix; return tokens reused.
 
         The prompt is evaluated in chunks so that ``cancelled`` is asked
         between two C calls. At least the last token is evaluated, so logits
-        always belong to this prompt.
+        always belong to this prompt. With a state cache, the prefix ending at
+        each of ``save_at`` (prompt lengths a client marked worth keeping) is
+        saved on the way, and so is a branch point: where the prompt leaves a
+        saved or held sequence it shares at least a block with (one system
+        prompt and tools block before many conversations). A point at the
+        prompt's end is met by the save after the answer. ``cache_written``
+        counts the prompt tokens those saves add beyond the reused ones.
         """
+        self.cache_written = 0
         keep = min(shared_prefix(tokens, self.cached), len(tokens) - 1)
+        pending: list[int] = []
         if self.state_cache is not None:
-            keep = self._restore(tokens, keep)
+            keep, branch = self._restore(tokens, keep)
+            # A point at or past the last token would save none of this prompt's work.
+            pending = sorted(p for p in {branch, *save_at} if max(keep, MIN_TOKENS) <= p < len(tokens))
         keep = self.reusable(keep)
         del self.cached[keep:]
+        if self.state_cache is not None and len(tokens) >= MIN_TOKENS and any(p >= len(tokens) for p in save_at):
+            self.cache_written = len(tokens) - keep  # the whole prompt: saved with its answer (Session does)
         start = keep
         while start < len(tokens):
+            if pending and start == pending[0]:
+                pending.pop(0)
+                if self.keep_state(waited_for=True):
+                    self.cache_written = max(self.cache_written, start - keep)
+                continue
             if cancelled():
                 raise Cancelled()
             end = start + (chunk or self.prefill_chunk)  # asked each time: it may depend on what else runs
+            if pending:
+                end = min(end, pending[0])
             self.decode(tokens[start:end])
             start = end
         return keep
 
-    def _restore(self, tokens: Sequence[int], keep: int) -> int:
+    def _restore(self, tokens: Sequence[int], keep: int) -> tuple[int, int]:
         """Before a prompt overwrites what the slot holds, save that (if it is worth it and not saved yet); then
-        restore the saved state that shares most with the prompt, if it shares more than the slot; the tokens
-        kept."""
+        restore the saved state that shares most with the prompt, if it shares more than the slot. The tokens
+        kept, and where the prompt branches off the sequence it shares them with (0: it does not)."""
         cache = self.state_cache
+        branch = _branch(tokens, self.cached)
         if len(self.cached) - keep >= MIN_TOKENS:
-            self.keep_state()
+            self.keep_state(waited_for=True)
         found = cache.find(tokens)
         if found is None or min(found[0], len(tokens) - 1) <= keep:
-            return keep
-        shared, held, state = found
+            return keep, branch
+        shared, saved, state = found
         try:
-            self.load_state(state, held)
+            self.load_state(state, saved)
         except EngineError:
             self.cached.clear()  # the cache may hold anything now
-            return 0
-        return min(shared, len(tokens) - 1)
+            return 0, 0
+        return min(shared, len(tokens) - 1), _branch(tokens, saved)
 
     def reusable(self, keep: int) -> int:
         """How much of ``keep`` cached tokens the next ones can follow: all of them in a full cache; in a
@@ -121,15 +149,23 @@ class Slot(abc.ABC):
         a shorter prefix's next tokens would attend to."""
         return keep
 
-    def keep_state(self) -> None:
-        """Save what the slot holds into its state cache, unless it is there already (or too short to be worth it)."""
+    def keep_state(self, waited_for: bool = False) -> bool:
+        """Save what the slot holds into its state cache, unless it is there already (or too short to be worth it);
+        whether it was saved now. A save a prompt is ``waited_for`` leaves its disk write for the next save
+        that is not, which writes every deferred one."""
         cache = self.state_cache
-        if cache is None or len(self.cached) < MIN_TOKENS or cache.holds(self.cached):
-            return
-        try:
-            cache.put(self.cached, self.save_state())
-        except EngineError:
-            pass  # not saved: its next turn evaluates its prompt again
+        if cache is None:
+            return False
+        saved = False
+        if len(self.cached) >= MIN_TOKENS and not cache.holds(self.cached):
+            try:
+                cache.put(self.cached, self.save_state(), defer_disk=True)
+                saved = True
+            except EngineError:
+                pass  # not saved: its next turn evaluates its prompt again
+        if not waited_for:
+            cache.write_deferred()
+        return saved
 
     def save_state(self) -> bytes:
         """The KV state of the tokens the slot holds (engines with a state API: see PromptCache)."""

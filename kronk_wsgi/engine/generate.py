@@ -113,11 +113,13 @@ class Generation:
     Sampled tokens are added to ``sampled`` with their log probabilities when
     the options ask for them; the caller takes them as the text they make comes
     out. ``choice`` numbers the replies to one prompt: each draws its own
-    random numbers. After iteration ``finish_reason`` is "stop" (an end token,
+    random numbers. The prefill saves the prompt's prefix at each of
+    ``save_at`` (see ``Slot.prefill``). After iteration ``finish_reason`` is "stop" (an end token,
     a stop sequence or a complete grammar) or "length" (max_tokens or the
     context window), ``stop_sequence`` is the stop sequence that ended it, if
     one did, ``window_full`` says the context window has no room left, and
-    ``completion_tokens`` counts the sampled tokens.
+    ``completion_tokens`` counts the sampled tokens; ``cached_tokens`` and
+    ``cache_written`` count the prompt's tokens reused and newly saved.
     ``Cancelled`` propagates when ``cancelled()`` turns true between two
     engine calls.
     """
@@ -131,6 +133,7 @@ class Generation:
         context_length: int,
         cancelled: Callable[[], bool] = lambda: False,
         choice: int = 0,
+        save_at: Sequence[int] = (),
     ) -> None:
         self.slot = slot
         self.prompt = prompt
@@ -139,9 +142,11 @@ class Generation:
         self.context_length = context_length
         self.cancelled = cancelled
         self.choice = choice
+        self.save_at = save_at
         self.sampled: list[SampledToken] = []
         self.completion_tokens = 0
         self.cached_tokens = 0
+        self.cache_written = 0
         self.finish_reason = ""
         self.stop_sequence: Optional[str] = None
         self.window_full = False
@@ -153,7 +158,8 @@ class Generation:
 
     def __iter__(self) -> Iterator[str]:
         slot, options = self.slot, self.options
-        self.cached_tokens = slot.prefill(self.prompt, self.cancelled)
+        self.cached_tokens = slot.prefill(self.prompt, self.cancelled, save_at=self.save_at)
+        self.cache_written = slot.cache_written
         sampler = Sampler(options.sampling, self.prompt, self.choice)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stops = StopScanner(options.stop + options.end_texts)

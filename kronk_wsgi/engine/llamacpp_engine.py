@@ -404,10 +404,10 @@ class LlamaCppSlot(Slot):
         return BATCH if self._engine._batcher.alone(self._seq) else SHARED_CHUNK
 
     def prefill(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False,
-                chunk: Optional[int] = None) -> int:
+                chunk: Optional[int] = None, save_at: Sequence[int] = ()) -> int:
         self._cancelled = cancelled
         try:
-            return super().prefill(tokens, cancelled, chunk)
+            return super().prefill(tokens, cancelled, chunk, save_at)
         finally:
             self._cancelled = None
 
@@ -445,9 +445,12 @@ class LlamaCppSlot(Slot):
         return call.result
 
     def save_state(self) -> bytes:
-        ctx, seq = self._engine._ctx, self._seq
+        ctx, memory, seq, held = self._engine._ctx, self._engine._memory, self._seq, len(self.cached)
 
         def save() -> bytes:
+            if held < self._kv_end:  # a restored longer sequence, cut to the prefix kept: the rest is not saved
+                llama_cpp.llama_memory_seq_rm(memory, seq, held, -1)
+                self._kv_end = held
             size = llama_cpp.llama_state_seq_get_size(ctx, seq)
             state = bytearray(size)  # written in place: a state of a long prompt is tens of megabytes
             view = (ctypes.c_uint8 * size).from_buffer(state)

@@ -38,6 +38,7 @@ MIN_TOKENS = BLOCK  # shorter sequences are not worth saving
 MAGIC = b"KRONKKV1"
 STALE_PARTIAL_SECONDS = 600
 SUFFIX = ".kv"
+KEYS_REMEMBERED = 1024  # cache keys whose last prompt is remembered, least recently used first out
 
 
 def block_hashes(tokens: Sequence[int]) -> list[bytes]:
@@ -90,6 +91,8 @@ class PromptCache:
         self._disk: dict[bytes, Entry] = {}  # full hash -> disk entry (tokens read, state not)
         self._disk_index: dict[bytes, bytes] = {}
         self._seen_files: set[str] = set()
+        self._key_prompts: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()  # LRU first
+        self._unwritten: list[tuple[bytes, Entry]] = []  # saved while a prompt waited, not on disk yet
         self._lock = _allocate_lock()
         self._counts = CacheCounts()
         if self.disk_dir is not None:
@@ -142,10 +145,24 @@ class PromptCache:
         with self._lock:
             return key in self._ram or key in self._disk
 
+    def key_branch(self, key: str, tokens: Sequence[int]) -> int:
+        """Where ``tokens`` leave the last prompt sent with the same cache key (a client's prompt_cache_key), at
+        a block boundary; 0 if they continue it or share no block with it. Requests that share a key share a
+        prefix: that is where it is worth saving."""
+        hashes = block_hashes(tokens)
+        with self._lock:
+            last = self._key_prompts.pop(key, [])
+            self._key_prompts[key] = hashes
+            while len(self._key_prompts) > KEYS_REMEMBERED:
+                self._key_prompts.popitem(last=False)
+        shared = next((i for i, (a, b) in enumerate(zip(hashes, last)) if a != b), min(len(hashes), len(last)))
+        return shared * BLOCK if shared < len(last) else 0
+
     # -- saving ---------------------------------------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], state: bytes) -> None:
-        """Keep a sequence's state, in RAM and on disk, each within its budget."""
+    def put(self, tokens: Sequence[int], state: bytes, defer_disk: bool = False) -> None:
+        """Keep a sequence's state, in RAM and on disk, each within its budget. With ``defer_disk`` (a prompt
+        is waiting) the disk write waits for ``write_deferred``."""
         if len(tokens) < MIN_TOKENS:
             return
         entry = Entry(tuple(tokens), state)
@@ -153,7 +170,16 @@ class PromptCache:
         with self._lock:
             self._counts.saved += 1
             self._keep_in_ram(key, entry)
-        if self.disk_dir is not None and len(state) <= self.disk_bytes:
+            if self.disk_dir is not None and len(state) <= self.disk_bytes:
+                self._unwritten.append((key, entry))
+        if not defer_disk:
+            self.write_deferred()
+
+    def write_deferred(self) -> None:
+        """Write the entries whose disk write was deferred."""
+        with self._lock:
+            unwritten, self._unwritten = self._unwritten, []
+        for key, entry in unwritten:
             self._write(key, entry)
 
     def take_counts(self) -> CacheCounts:

@@ -13,11 +13,13 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
-    """Token counts of one generation."""
+    """Token counts of one generation: of the prompt's, ``cached_tokens`` came from a cache and
+    ``cache_written`` were saved into the prompt cache at the request's save points."""
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    cache_written: int = 0
 
     @property
     def total_tokens(self) -> int:

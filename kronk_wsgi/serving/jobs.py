@@ -70,8 +70,9 @@ class GenerationJob:
     """
 
     def __init__(self, prompts: list[list[int]], n: int, tokenizer: Tokenizer, decode: DecodeOptions,
-                 reading: ReplyReading = ReplyReading()) -> None:
+                 reading: ReplyReading = ReplyReading(), save_at: tuple[int, ...] = ()) -> None:
         self.prompts = prompts
+        self.save_at = save_at  # the first prompt's lengths at which its prefix is saved (Slot.prefill)
         self.n = n
         self.prompt_tokens = sum(len(prompt) for prompt in prompts)
         self.tokenizer = tokenizer
@@ -89,15 +90,17 @@ class GenerationJob:
         return sum(generation.completion_tokens for generation in self._generations)
 
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
-        cached = 0
+        cached = written = 0
         for index, (prompt, choice) in enumerate(itertools.product(self.prompts, range(self.n))):
-            generation = Generation(slot, prompt, self.tokenizer, self.decode, context_length, cancelled, choice)
+            generation = Generation(slot, prompt, self.tokenizer, self.decode, context_length, cancelled, choice,
+                                    save_at=self.save_at if index == 0 else ())
             self._generations.append(generation)
             for event in self._reply(generation):
                 yield dataclasses.replace(event, index=index) if index else event
             if choice == 0:
                 cached += generation.cached_tokens
-        yield Finished(Usage(self.prompt_tokens, self.completion_tokens, cached))
+                written += generation.cache_written
+        yield Finished(Usage(self.prompt_tokens, self.completion_tokens, cached, written))
 
     def _reply(self, generation: Generation) -> Iterator[Event]:
         """One reply's events, ending with its ChoiceEnd."""

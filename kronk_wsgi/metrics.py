@@ -45,6 +45,8 @@ class Metrics:
         )
         self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r,
                                     multiprocess_mode="livesum")
+        self.background_responses = Counter("kronk_background_responses", "Background responses by how they ended.",
+                                            ["model", "status"], registry=r)
         self.rejected = Counter("kronk_rejected", "Requests refused with 429 after the admission wait.", ["model"], registry=r)
         self.prompt_cache_events = Counter(
             "kronk_prompt_cache_events", "Prompt cache lookups (hits, misses), states saved, evicted (from RAM, from "

@@ -1,7 +1,9 @@
-"""kronk_wsgi's gunicorn worker: the gevent worker, answering in the API's error shape and logging what it cuts."""
+"""kronk_wsgi's gunicorn worker: the gevent worker, answering in the API's error shape, logging what it cuts,
+and waiting for background responses."""
 
 import http
 import json
+import time
 
 import structlog
 from gunicorn import util
@@ -12,6 +14,8 @@ from gunicorn.workers.ggevent import GeventWorker
 from .api.errors import ApiError, openai_error_body
 
 log = structlog.get_logger("kronk_wsgi.http")
+
+BACKGROUND_GRACE_SECONDS = 5  # a stopping worker's background responses have this long to be stored
 
 # Statuses of the requests gunicorn cannot parse, where they are not 400.
 _STATUS = {
@@ -34,9 +38,10 @@ def error_answer(status: int, message: str) -> bytes:
 
 
 class Worker(GeventWorker):
-    """gunicorn's gevent worker, with two changes: a request gunicorn refuses before the app sees it (a request
+    """gunicorn's gevent worker, with three changes: a request gunicorn refuses before the app sees it (a request
     line over limit_request_line, a malformed header) gets a JSON error and one log line, not an HTML page and a
-    traceback; and the requests a dying worker cuts (gunicorn's timeout, a quick shutdown) are logged as cut."""
+    traceback; the requests a dying worker cuts (gunicorn's timeout, a quick shutdown) are logged as cut; and a
+    stopping worker waits for its background responses as for its streams."""
 
     def handle_error(self, req, client, addr, exc) -> None:
         if not isinstance(exc, errors.ParseException) or isinstance(exc, errors.ConfigurationProblem):
@@ -49,6 +54,16 @@ class Worker(GeventWorker):
             util.write_nonblock(client, error_answer(status, message))
         except OSError:
             pass  # the client is gone
+
+    def run(self) -> None:
+        super().run()  # until the requests are done, or the graceful timeout
+        kronk = getattr(self.wsgi, "extensions", {}).get("kronk")
+        if kronk is not None and kronk.background:
+            from .api.background import wait_for_runs
+
+            # Their sessions end at the drain's deadline, as streams do: then they are stored, or cut.
+            deadline = kronk.pool.drain.deadline or time.monotonic()
+            wait_for_runs(kronk, max(0.0, deadline - time.monotonic()) + BACKGROUND_GRACE_SECONDS)
 
     def handle_abort(self, sig, frame) -> None:
         self._log_cut("worker_aborted")  # gunicorn's timeout: the event loop was blocked past it

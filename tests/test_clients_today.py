@@ -146,7 +146,7 @@ def test_responses_takes_what_codex_sends(scripted):
     for reasoning in (None, {}):
         assert client.responses.create(model="tiny", input="hi", reasoning=reasoning, max_output_tokens=5).status
     with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(model="tiny", input="hi", background=True)
+        client.responses.create(model="tiny", input="hi", background=True, store=False)  # nowhere to poll it
     assert caught.value.body["param"] == "background"
 
 

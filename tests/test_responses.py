@@ -102,7 +102,7 @@ BAD = [
     (body(temperature=5), 400, "temperature"),
     (body(text={"format": {"type": "json_schema", "name": "x"}}), 400, "text.format.schema"),
     (body(reasoning={"effort": "enormous"}), 400, "reasoning.effort"),
-    (body(background=True), 400, "background"),
+    (body(background=True, store=False), 400, "background"),
     (body(model="nope"), 404, "model"),
 ]
 

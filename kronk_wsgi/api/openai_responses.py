@@ -16,6 +16,7 @@ from ..serving import offload
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
+from .background import BackgroundRun
 from .body import parse_body
 from .errors import ApiError, invalid
 from .openai_chat import logprob_content
@@ -26,7 +27,7 @@ from .schemas import (
     FunctionName, Metadata, ReasoningEffort, SchemaName, ServiceTier, Strict, User, json_object, template_role,
     template_tool, template_tool_call,
 )
-from .sessions import start_generation
+from .sessions import start_generation, start_later
 from .sse import sse
 from .state import record, state
 
@@ -227,12 +228,19 @@ class ResponsesRequest(Strict):
     prompt_cache_key: Optional[Annotated[str, Field(max_length=1024)]] = None
     safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
     client_metadata: Optional[dict[str, Any]] = None
-    background: Literal[False] = False  # a background response (polled later) is not supported
+    background: bool = False  # answered after the POST returns: see api/background.py
     # What the SGLang gateway writes into a Responses body: taken at these values (top_k -1 is off)
     priority: Optional[int] = None  # one queue here: every request is served in turn
     top_k: Literal[-1, 0] = -1
     min_p: Annotated[float, Field(ge=0, le=0)] = 0.0
     repetition_penalty: Annotated[float, Field(ge=1, le=1)] = 1.0
+
+    @pydantic.field_validator("background")
+    @classmethod
+    def _stored(cls, background: bool, info: pydantic.ValidationInfo) -> bool:
+        if background and info.data.get("store") is False:
+            raise ValueError("a background response is stored, to be polled: background needs store true")
+        return background
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ResponsesRequest":
@@ -399,15 +407,18 @@ def responses():
     """Generate a model response; with store (the default), keep it for previous_response_id and GET."""
     body = parse_body(ResponsesRequest)
     _open_sealed(body)
-    previous = ([] if body.previous_response_id is None
-                else _stored(state().responses.conversation, body.previous_response_id, "previous_response_id"))
-    conversation = previous + body.input_messages()
-    session = start_generation(body.generation_request(conversation))
+    previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
+    request = body.generation_request(previous + body.input_messages())
+    if body.background:
+        admit = start_later(request)
+    else:
+        session = start_generation(request)
     choice = body.tool_choice
     response_id = record().response_id = _new_id("resp_")
     store = body.store is not False  # OpenAI's default
     base = {
-        "id": response_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
+        "id": response_id, "object": "response", "created_at": int(time.time()),
+        "status": "queued" if body.background else "in_progress", "background": body.background,
         "error": None, "incomplete_details": None, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": body.model, "output": [],
         "parallel_tool_calls": body.parallel_tool_calls is not False,
@@ -425,13 +436,39 @@ def responses():
 
     keep = _keeper(response_id, body.previous_response_id, body.input_messages()) if store else None
     seal = state().sealer.seal if "reasoning.encrypted_content" in (body.include or ()) else None
-    return respond(session, ResponsesEncoder(base, keep, seal, body.namespaces()), body.stream)
+    encoder = ResponsesEncoder(base, keep, seal, body.namespaces())
+    if body.background:
+        return BackgroundRun(state(), response_id, record().owner, keep).start(admit, encoder, body.stream)
+    return respond(session, encoder, body.stream)
+
+
+def _conversation(response_id: str) -> list[dict]:
+    """The conversation a request continues; 400 if that response is not done yet (a background one)."""
+    earlier = _stored(state().responses.get, response_id, "previous_response_id")
+    if earlier["status"] in ("queued", "in_progress"):
+        raise invalid(f"response {response_id[:100]!r} is {earlier['status']}: continue it once it is done",
+                      param="previous_response_id")
+    return _stored(state().responses.conversation, response_id, "previous_response_id")
 
 
 @bp.get("/v1/responses/<response_id>")
 def get_response(response_id: str):
     """A stored response."""
     return jsonify(_stored(state().responses.get, response_id))
+
+
+@bp.post("/v1/responses/<response_id>/cancel")
+def cancel_response(response_id: str):
+    """Cancel a background response: it stops before its next token. The response as it is then (one that
+    ended first is returned as it ended)."""
+    kronk = state()
+    if not _stored(kronk.responses.get, response_id).get("background"):
+        raise invalid("only background responses can be cancelled")
+    cancelled = _stored(kronk.responses.cancel, response_id)
+    run = kronk.background.get(response_id)
+    if run is not None:
+        run.cancelled_here = True
+    return jsonify(cancelled)
 
 
 @bp.delete("/v1/responses/<response_id>")

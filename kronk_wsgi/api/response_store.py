@@ -75,11 +75,15 @@ class ResponseStore:
         return self._db
 
     def put(self, response: dict, owner: str, previous: Optional[str], messages: list[dict]) -> None:
-        """Keep a finished response and the messages it adds; forget the oldest beyond the limits."""
+        """Keep a response and the messages it adds; forget the oldest beyond the limits. A cancelled response
+        stays cancelled: only a cancelled one replaces it."""
         body, added = json.dumps(response), json.dumps(messages)
         db = self._connection()
         with db:
-            db.execute("INSERT OR REPLACE INTO stored_responses VALUES (?, ?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO stored_responses VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                       "previous = excluded.previous, response = excluded.response, messages = excluded.messages, "
+                       "size = excluded.size WHERE json_extract(stored_responses.response, '$.status') != "
+                       "'cancelled' OR json_extract(excluded.response, '$.status') = 'cancelled'",
                        (response["id"], owner, time.time(), previous, body, added, len(body) + len(added)))
             db.execute("DELETE FROM stored_responses WHERE created <= "
                        "(SELECT created FROM stored_responses ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,))
@@ -104,6 +108,15 @@ class ResponseStore:
         if not chain or chain[0][0] is not None:  # nothing, or the oldest one kept continues one that is not
             return None
         return [message for _, messages in chain for message in json.loads(messages)]
+
+    def cancel(self, response_id: str, owner: str) -> Optional[dict]:
+        """Mark the owner's response cancelled if it is queued or in progress; the response as it is then."""
+        db = self._connection()
+        with db:
+            db.execute("UPDATE stored_responses SET response = json_set(response, '$.status', 'cancelled') "
+                       "WHERE id = ? AND owner = ? AND json_extract(response, '$.status') IN ('queued', "
+                       "'in_progress')", (response_id, owner))
+        return self.get(response_id, owner)
 
     def delete(self, response_id: str, owner: str) -> bool:
         """Forget the owner's response; whether there was one."""

@@ -24,7 +24,16 @@ from .state import record, state
 
 @contextlib.contextmanager
 def use_model(model_id: str) -> Iterator[LoadedModel]:
-    """The loaded model, kept loaded until the block ends.
+    """The loaded model (see ``claim_model``), kept loaded until the block ends."""
+    model = claim_model(model_id)
+    try:
+        yield model
+    finally:
+        model.unclaim()
+
+
+def claim_model(model_id: str) -> LoadedModel:
+    """The loaded model, claimed: it stays loaded until the caller unclaims it.
 
     404 if it is not configured; 503 if it cannot load, or cannot be loaded
     now because the models that would make room for it are in use (with
@@ -45,10 +54,7 @@ def use_model(model_id: str) -> Iterator[LoadedModel]:
     except NeverFits as exc:
         raise invalid(str(exc), param="model", code="model_too_large") from None
     rec.load_seconds = time.monotonic() - asked
-    try:
-        yield model
-    finally:
-        model.unclaim()
+    return model
 
 
 def start_generation(request: GenerationRequest) -> Session:
@@ -56,6 +62,36 @@ def start_generation(request: GenerationRequest) -> Session:
     record().not_offered = request.not_offered
     offload.call(state().body_thread, check, request)  # schemas may take time to check: off the event loop
     return _start(request.model, lambda model: plan(model, request))
+
+
+def start_later(request: GenerationRequest) -> Callable[[Callable[[], bool]], Session]:
+    """Check and plan one generation now, so that its failures are HTTP errors, and admit it later, outside the
+    request (a background response): return what waits for its admission place (as a request would, until
+    ``cancelled()`` turns true) and gives its not yet started session. It holds the model until then."""
+    record().not_offered = request.not_offered
+    kronk = state()
+    offload.call(kronk.body_thread, check, request)
+    if kronk.pool.drain.started:
+        raise shutting_down()
+    model = claim_model(request.model)
+    try:
+        job = plan(model, request)
+    except BaseException:
+        model.unclaim()
+        raise
+    settings = kronk.settings
+
+    def admit(cancelled: Callable[[], bool]) -> Session:
+        started = time.monotonic()
+        try:
+            lease = model.admit(settings.admission_timeout, cancelled, kronk.pool.drain)
+        finally:
+            model.unclaim()
+        return Session(model, lease, job, started=started, deadline=started + settings.request_timeout,
+                       drain=kronk.pool.drain, keepalive=settings.keepalive_interval, client_gone=cancelled,
+                       metrics=kronk.metrics)
+
+    return admit
 
 
 def start_embedding(model_id: str, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> Session:

@@ -16,6 +16,7 @@ from .response_store import ResponseStore
 from .sealing import Sealer
 
 if TYPE_CHECKING:
+    from .background import BackgroundRun
     from .protocol import Protocols
 
 
@@ -34,6 +35,7 @@ class KronkState:
     url_prefix: str = ""  # where the API is mounted
     # The requests begun and not yet logged as completed: what a dying worker cuts.
     open_requests: "weakref.WeakSet[RequestRecord]" = dataclasses.field(default_factory=weakref.WeakSet)
+    background: "dict[str, BackgroundRun]" = dataclasses.field(default_factory=dict)  # running here, by response id
 
 
 @dataclasses.dataclass(eq=False)  # each record is itself: kept in a WeakSet

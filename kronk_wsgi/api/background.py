@@ -1,0 +1,162 @@
+"""Background responses: a Responses request answered after its POST returned, polled with GET, cancelled with
+POST .../cancel.
+
+The POST checks and plans the request (its failures are HTTP errors), stores the response as ``queued`` and
+answers at once (or streams it, and the generation goes on if the client leaves). A greenlet of the worker then
+waits for an admission place as a request would, stores the response ``in_progress``, runs it, and stores it
+``completed``, ``incomplete``, ``failed`` or ``cancelled``. A cancel marks the stored response cancelled: the
+store is shared by every worker, so the one running it sees that within CANCEL_POLL_SECONDS (its own cancels
+at once), stops before the next token and frees its slot; a cancelled response stays cancelled. A worker
+that stops waits for its background responses as for its streams, and stores those it must cut as failed.
+"""
+
+import time
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
+
+import gevent
+import gevent.queue
+import structlog
+from flask import Response, jsonify
+
+from ..serving import offload
+from ..serving.drain import ShuttingDown
+from ..serving.events import Event, Failed
+from ..serving.pool import ClientGone, Overloaded
+from ..serving.session import Session
+from .errors import ApiError
+from .state import KronkState
+
+if TYPE_CHECKING:
+    from .openai_responses import ResponsesEncoder
+
+log = structlog.get_logger("kronk_wsgi.background")
+
+CANCEL_POLL_SECONDS = 1.0
+_END = object()  # the last item of a live stream's queue
+
+
+class BackgroundRun:
+    """One background response, run by this worker; ``keep`` stores the response object as it goes."""
+
+    def __init__(self, kronk: KronkState, response_id: str, owner: str, keep: Callable[[dict], None]) -> None:
+        self.kronk = kronk
+        self.response_id = response_id
+        self.owner = owner
+        self.keep = keep
+        self.cancelled_here = False  # set by a cancel this worker took
+        self._looked = 0.0
+        self.listener: Optional[gevent.queue.Queue] = None  # the live stream's frames, while its client reads
+        self.greenlet: Optional[gevent.Greenlet] = None
+
+    def cancelled(self) -> bool:
+        """Whether the response was cancelled (or deleted): here at once, from another worker within
+        CANCEL_POLL_SECONDS."""
+        now = time.monotonic()
+        if not self.cancelled_here and now - self._looked >= CANCEL_POLL_SECONDS:
+            self._looked = now
+            kronk = self.kronk
+            found = offload.call(kronk.store_thread, kronk.responses.get, self.response_id, self.owner)
+            self.cancelled_here = found is None or found["status"] == "cancelled"
+        return self.cancelled_here
+
+    def start(self, admit: Callable[[Callable[[], bool]], Session], encoder: "ResponsesEncoder",
+              stream: bool) -> Response:
+        """Store the response as queued, run it in a greenlet, and answer the POST: the queued response, or the
+        stream of its events."""
+        base = encoder.base
+        self._store(base)
+        if stream:
+            self.listener = gevent.queue.Queue()
+        self.kronk.background[self.response_id] = self
+        self.greenlet = gevent.spawn(self._run, admit, encoder)
+        return encoder.protocol.stream(self._listen()) if stream else jsonify(base)
+
+    def _listen(self) -> Iterator[str]:
+        try:
+            for frame in self.listener:
+                if frame is _END:
+                    return
+                yield frame
+        finally:
+            self.listener = None  # the client went: the response goes on without it
+
+    def _run(self, admit: Callable[[Callable[[], bool]], Session], encoder: "ResponsesEncoder") -> None:
+        base, started, status = encoder.base, time.monotonic(), "failed"
+        session: Optional[Session] = None
+        try:
+            try:
+                session = admit(self.cancelled)
+            except (Overloaded, ShuttingDown) as exc:
+                code = "rate_limit_exceeded" if isinstance(exc, Overloaded) else "server_error"
+                self._store({**base, "status": "failed", "error": {"code": code, "message": str(exc)}})
+                return
+            except ClientGone:
+                status = "cancelled"
+                self._store({**base, "status": status})
+                return
+            base["status"] = "in_progress"
+            self._store(base)
+            failure = self._stream(session, encoder)
+            status = self._end(session, encoder, failure)
+        except gevent.GreenletExit:
+            self._store({**base, "status": "failed", "output": encoder.output,
+                         "error": {"code": "server_error", "message": "the server stopped before the response "
+                                                                     "was done"}})
+        finally:
+            if session is not None:
+                session.close()
+            self._finish(status, session, time.monotonic() - started)
+
+    def _stream(self, session: Session, encoder: "ResponsesEncoder") -> Optional[Failed]:
+        """Run the session through the encoder (to the live client, if one reads); its failure, if it failed."""
+        failure: list[Failed] = []
+
+        def events() -> Iterator[Event]:
+            for event in session:
+                if isinstance(event, Failed):
+                    failure.append(event)
+                yield event
+
+        for frame in encoder.frames(events()):
+            if self.listener is not None:
+                self.listener.put(frame)
+        return failure[0] if failure else None
+
+    def _end(self, session: Session, encoder: "ResponsesEncoder", failure: Optional[Failed]) -> str:
+        """Store how a run that was admitted ended (a finished one its encoder stored); its status."""
+        if session.stats.outcome == "client_gone":
+            self._store({**encoder.base, "status": "cancelled", "output": encoder.output})
+            return "cancelled"
+        if failure is not None:
+            self._store({**encoder.base, "status": "failed", "output": encoder.output,
+                         "error": {"code": "server_error", "message": failure.message}})
+            return "failed"
+        return "incomplete" if encoder.end.reason == "length" else "completed"
+
+    def _store(self, response: dict) -> None:
+        try:
+            self.keep(response)
+        except ApiError as exc:
+            log.error("background response not stored", response_id=self.response_id, error=exc.message)
+
+    def _finish(self, status: str, session: Optional[Session], seconds: float) -> None:
+        """Log and count how the run ended; forget it."""
+        self.kronk.background.pop(self.response_id, None)
+        if self.listener is not None:
+            self.listener.put(_END)
+        stats = session.stats if session is not None else None
+        model = session.model.id if session is not None else ""
+        self.kronk.metrics.background_responses.labels(model, status).inc()
+        log.info("background response ended", response_id=self.response_id, model=model or None, status=status,
+                 outcome=stats.outcome if stats else None, duration=round(seconds, 4),
+                 prompt_tokens=stats.prompt_tokens if stats else None,
+                 completion_tokens=stats.completion_tokens if stats else None)
+
+
+def wait_for_runs(kronk: KronkState, timeout: float) -> None:
+    """At a worker's stop: let its background responses finish for up to ``timeout`` seconds, then cut the rest
+    (each stored as failed)."""
+    greenlets = [run.greenlet for run in list(kronk.background.values()) if run.greenlet is not None]
+    gevent.joinall(greenlets, timeout=timeout)
+    gevent.killall([g for g in greenlets if not g.dead], timeout=5)
+

@@ -3,6 +3,7 @@ real gunicorn on the tiny model; what cannot be honoured is a 400 naming it."""
 
 import base64
 import json
+import re
 import time
 
 import anthropic
@@ -171,3 +172,45 @@ def test_truncation_auto_drops_the_oldest_input_until_it_fits(scripted):
     fitted = client.responses.create(model="tiny", input=history, max_output_tokens=5, truncation="auto",
                                      instructions="Be brief.")
     assert fitted.output_text == "Now." and fitted.usage.input_tokens < 2048
+
+
+PATCH = '<tool_call>\n{"name": "apply_patch", "arguments": {"input": "*** Begin Patch\\n*** End Patch"}}\n</tool_call>'
+
+
+def test_custom_tools_take_free_form_input_and_come_back_as_custom_calls(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    tools = [{"type": "custom", "name": "apply_patch", "description": "Apply a patch", "format": {"type": "text"}},
+             {"type": "custom", "name": "sql", "format": {"type": "grammar", "syntax": "lark",
+                                                          "definition": 'start: "SELECT" /.+/'}}]
+    scripted.say(PATCH)
+    raw = client.responses.with_raw_response.create(model="tiny", input="Fix it", tools=tools)
+    assert raw.headers["Kronk-Tools-Not-Offered"] == "sql"  # a lark grammar cannot be enforced here: said
+    (call,) = raw.parse().output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch"
+    assert call.input == "*** Begin Patch\n*** End Patch"
+    scripted.say(PATCH)
+    with client.responses.stream(model="tiny", input="Fix it", tools=tools) as stream:
+        kinds = [event.type for event in stream]
+    assert "response.custom_tool_call_input.delta" in kinds and "response.custom_tool_call_input.done" in kinds
+    scripted.say("Patched.")
+    answered = client.responses.create(model="tiny", tools=tools, input=[
+        {"role": "user", "content": "Fix it"},
+        {"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": call.input},
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}])
+    assert answered.output_text == "Patched."
+    scripted.say(PATCH)
+    first = client.responses.create(model="tiny", input="Fix it", tools=tools)
+    scripted.say("Patched.")
+    later = client.responses.create(model="tiny", tools=tools, previous_response_id=first.id, input=[
+        {"type": "custom_tool_call_output", "call_id": first.output[0].call_id, "output": "Done!"}])
+    assert later.output_text == "Patched."  # the stored custom call is the conversation's history
+
+
+def test_a_regex_grammar_constrains_a_custom_tools_input(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    tools = [{"type": "custom", "name": "dial", "description": "Dial a number",
+              "format": {"type": "grammar", "syntax": "regex", "definition": "[0-9]{3}-[0-9]{4}"}}]
+    response = client.responses.create(model="real", input="Call the office", tools=tools, temperature=0,
+                                       tool_choice={"type": "custom", "name": "dial"}, max_output_tokens=60)
+    (call,) = response.output
+    assert call.type == "custom_tool_call" and re.fullmatch(r"[0-9]{3}-[0-9]{4}", call.input), call

@@ -20,7 +20,7 @@ from .background import BackgroundRun
 from .body import parse_body
 from .errors import ApiError, invalid
 from .openai_chat import logprob_content
-from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from .planning import JSON_OBJECT, MAX_PATTERN_LENGTH, GenerationRequest, ReplyFormat, ToolUse
 from .protocol import Protocol
 from .response import Encoder, respond
 from .schemas import (
@@ -86,6 +86,23 @@ class FunctionCallOutputItem(Strict):
     status: Optional[str] = None
 
 
+class CustomToolCallItem(Strict):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: FunctionName
+    input: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+class CustomToolCallOutputItem(Strict):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
 class ReasoningItem(Strict):
     """An earlier turn's thinking, handed back: accepted, and left out of the prompt."""
 
@@ -106,6 +123,8 @@ InputItem = Annotated[
         Annotated[MessageItem, Tag("message")],
         Annotated[FunctionCallItem, Tag("function_call")],
         Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+        Annotated[CustomToolCallItem, Tag("custom_tool_call")],
+        Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
         Annotated[ReasoningItem, Tag("reasoning")],
     ],
     Discriminator(_item_type),
@@ -121,10 +140,10 @@ class FunctionTool(Strict):
 
 
 # Tools OpenAI runs itself: accepted, not offered to the model (which could not use them here), and named in
-# the response's Kronk-Tools-Not-Offered header. Custom tools (free-form input) are not offered either yet.
+# the response's Kronk-Tools-Not-Offered header.
 HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search",
                 "code_interpreter", "image_generation", "mcp", "computer_use_preview", "local_shell", "shell",
-                "apply_patch", "custom")
+                "apply_patch")
 
 
 class HostedTool(pydantic.BaseModel):
@@ -135,6 +154,43 @@ class HostedTool(pydantic.BaseModel):
     @property
     def label(self) -> str:
         return self.name or self.type
+
+
+class CustomTextFormat(Strict):
+    type: Literal["text"]
+
+
+class CustomGrammarFormat(Strict):
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: Annotated[str, Field(max_length=MAX_PATTERN_LENGTH)]
+
+
+class CustomTool(Strict):
+    """A tool whose input is free-form text, not JSON: offered to the model as a function of one string,
+    ``input``; a regex grammar constrains that string (as a strict function's schema does). A lark grammar
+    cannot be enforced inside the call's JSON: such a tool is not offered, and the response says so."""
+
+    type: Literal["custom"]
+    name: FunctionName
+    description: Optional[str] = None
+    format: Optional[Annotated[Union[CustomTextFormat, CustomGrammarFormat], Field(discriminator="type")]] = None
+
+    @property
+    def offered(self) -> bool:
+        return not (isinstance(self.format, CustomGrammarFormat) and self.format.syntax == "lark")
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    def as_function(self) -> "FunctionTool":
+        text: dict[str, Any] = {"type": "string", "description": "the tool's input, as free-form text"}
+        if isinstance(self.format, CustomGrammarFormat):
+            text["pattern"] = f"^(?:{self.format.definition})$"
+        return FunctionTool(type="function", name=self.name, description=self.description, strict=True,
+                            parameters={"type": "object", "properties": {"input": text}, "required": ["input"],
+                                        "additionalProperties": False})
 
 
 class NamespaceTool(Strict):
@@ -149,11 +205,12 @@ class NamespaceTool(Strict):
 
 def _tool_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in ("function", "namespace") else "hosted"
+    return kind if kind in ("function", "namespace", "custom") else "hosted"
 
 
 ResponsesTool = Annotated[Union[Annotated[FunctionTool, Tag("function")], Annotated[NamespaceTool, Tag("namespace")],
-                                Annotated[HostedTool, Tag("hosted")]], Discriminator(_tool_type)]
+                                Annotated[CustomTool, Tag("custom")], Annotated[HostedTool, Tag("hosted")]],
+                          Discriminator(_tool_type)]
 
 
 class ReasoningConfig(Strict):
@@ -169,7 +226,7 @@ class StreamOptions(Strict):
 
 
 class NamedFunction(Strict):
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: FunctionName
 
 
@@ -265,7 +322,12 @@ class ResponsesRequest(Strict):
                 if not messages or messages[-1]["role"] != "assistant":
                     messages.append({"role": "assistant", "content": ""})
                 messages[-1].setdefault("tool_calls", []).append(call)
-            elif isinstance(item, FunctionCallOutputItem):
+            elif isinstance(item, CustomToolCallItem):
+                call = template_tool_call(item.call_id, item.name, {"input": item.input})
+                if not messages or messages[-1]["role"] != "assistant":
+                    messages.append({"role": "assistant", "content": ""})
+                messages[-1].setdefault("tool_calls", []).append(call)
+            elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
                 messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
         return messages
 
@@ -277,16 +339,28 @@ class ResponsesRequest(Strict):
             tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
             thinking=None if effort is None else effort not in ("none", "minimal"),
             truncate=self.truncation == "auto",
-            not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
+            not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)
+                              or isinstance(t, CustomTool) and not t.offered),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
             max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
             cache_key=self.prompt_cache_key,
         )
 
     def functions(self) -> list[FunctionTool]:
-        """The functions offered to the model: the request's own and those of its namespaces."""
-        return [f for t in self.tools or () for f in (t.tools if isinstance(t, NamespaceTool) else [t])
-                if isinstance(f, FunctionTool)]
+        """The functions offered to the model: the request's own, those of its namespaces, and its custom tools."""
+        offered = []
+        for tool in self.tools or ():
+            if isinstance(tool, NamespaceTool):
+                offered += tool.tools
+            elif isinstance(tool, FunctionTool):
+                offered.append(tool)
+            elif isinstance(tool, CustomTool) and tool.offered:
+                offered.append(tool.as_function())
+        return offered
+
+    def custom_tools(self) -> frozenset[str]:
+        """The names of the custom tools offered: their calls are custom_tool_call items."""
+        return frozenset(t.name for t in self.tools or () if isinstance(t, CustomTool) and t.offered)
 
     def namespaces(self) -> dict[str, str]:
         """Each namespaced function's namespace, by its name."""
@@ -333,6 +407,19 @@ def _call_item(call: ToolCall, arguments: str, status: str, namespace: Optional[
     if namespace is not None:
         item["namespace"] = namespace
     return item
+
+
+def _custom_call_item(call: ToolCall, status: str) -> dict:
+    return {"id": "ctc_" + call.id, "type": "custom_tool_call", "status": status, "call_id": "call_" + call.id,
+            "name": call.name, "input": _custom_input(call)}
+
+
+def _custom_input(call: ToolCall) -> str:
+    """A custom tool's input: the string its function's one argument holds (a cut-off call: the text so far)."""
+    if not call.complete:
+        return call.arguments
+    value = json.loads(call.arguments).get("input", "")
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _new_id(prefix: str) -> str:
@@ -396,7 +483,9 @@ def _assistant_message(output: list[dict]) -> dict:
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
     message: dict[str, Any] = {"role": "assistant", "content": text}
     calls = [template_tool_call(item["call_id"], item["name"], json.loads(item["arguments"]))
-             for item in output if item["type"] == "function_call"]
+             if item["type"] == "function_call" else template_tool_call(item["call_id"], item["name"],
+                                                                        {"input": item["input"]})
+             for item in output if item["type"] in ("function_call", "custom_tool_call")]
     if calls:
         message["tool_calls"] = calls
     return message
@@ -436,7 +525,7 @@ def responses():
 
     keep = _keeper(response_id, body.previous_response_id, body.input_messages()) if store else None
     seal = state().sealer.seal if "reasoning.encrypted_content" in (body.include or ()) else None
-    encoder = ResponsesEncoder(base, keep, seal, body.namespaces())
+    encoder = ResponsesEncoder(base, keep, seal, body.namespaces(), body.custom_tools())
     if body.background:
         return BackgroundRun(state(), response_id, record().owner, keep).start(admit, encoder, body.stream)
     return respond(session, encoder, body.stream)
@@ -509,10 +598,12 @@ class ResponsesEncoder(Encoder):
     protocol = PROTOCOL
 
     def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None,
-                 seal: Optional[Callable[[str], str]] = None, namespaces: Optional[dict[str, str]] = None) -> None:
+                 seal: Optional[Callable[[str], str]] = None, namespaces: Optional[dict[str, str]] = None,
+                 custom_tools: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.base = base
         self.namespaces = namespaces or {}  # a namespaced function's namespace, by its name
+        self.custom_tools = custom_tools  # the names whose calls are custom_tool_call items
         self.keep = keep  # stores the finished response object, if the request asked for it
         self.seal = seal
         self.sequence = 0
@@ -590,6 +681,9 @@ class ResponsesEncoder(Encoder):
         yield from self._close_reasoning()
         yield from self._close_message("completed")
         self.take_logprobs()  # the call's own tokens: only output text lists its tokens
+        if event.name in self.custom_tools:
+            yield from self._custom_call(event)
+            return
         index, item_id = len(self.output), "fc_" + event.id
         added = _call_item(event, "", "in_progress", self.namespaces.get(event.name))
         yield self._event("response.output_item.added", output_index=index, item=added)
@@ -599,6 +693,17 @@ class ResponsesEncoder(Encoder):
                           arguments=event.arguments)
         item = _call_item(event, event.arguments, "completed" if event.complete else "incomplete",
                           self.namespaces.get(event.name))
+        yield self._event("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
+
+    def _custom_call(self, event: ToolCall) -> Iterator[str]:
+        index, item = len(self.output), _custom_call_item(event, "completed" if event.complete else "incomplete")
+        yield self._event("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
+                                                                                  "input": ""})
+        yield self._event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
+                          delta=item["input"])
+        yield self._event("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                          input=item["input"])
         yield self._event("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
 
@@ -633,8 +738,9 @@ class ResponsesEncoder(Encoder):
                   if isinstance(tokens, Logprobs) and isinstance(text, TextDelta)}
         for position, event in enumerate(answer):
             if isinstance(event, ToolCall):
-                items.append(_call_item(event, event.arguments, "completed" if event.complete else "incomplete",
-                                        self.namespaces.get(event.name)))
+                status = "completed" if event.complete else "incomplete"
+                items.append(_custom_call_item(event, status) if event.name in self.custom_tools
+                             else _call_item(event, event.arguments, status, self.namespaces.get(event.name)))
             else:
                 cut_short = position == len(answer) - 1 and end.reason == "length"
                 status = "incomplete" if cut_short else "completed"

@@ -183,11 +183,12 @@ def test_custom_tools_take_free_form_input_and_come_back_as_custom_calls(scripte
              {"type": "custom", "name": "sql", "format": {"type": "grammar", "syntax": "lark",
                                                           "definition": 'start: "SELECT" /.+/'}}]
     scripted.say(PATCH)
-    raw = client.responses.with_raw_response.create(model="tiny", input="Fix it", tools=tools)
-    assert raw.headers["Kronk-Tools-Not-Offered"] == "sql"  # a lark grammar cannot be enforced here: said
-    (call,) = raw.parse().output
+    (call,) = client.responses.create(model="tiny", input="Fix it", tools=tools).output
     assert call.type == "custom_tool_call" and call.name == "apply_patch"
     assert call.input == "*** Begin Patch\n*** End Patch"
+    scripted.say('<tool_call>\n{"name": "sql"}\nSELECT name FROM towns\n</tool_call>')  # the raw form
+    (query,) = client.responses.create(model="tiny", input="Which towns?", tools=tools).output
+    assert query.type == "custom_tool_call" and query.name == "sql" and query.input == "SELECT name FROM towns"
     scripted.say(PATCH)
     with client.responses.stream(model="tiny", input="Fix it", tools=tools) as stream:
         kinds = [event.type for event in stream]
@@ -206,7 +207,7 @@ def test_custom_tools_take_free_form_input_and_come_back_as_custom_calls(scripte
     assert later.output_text == "Patched."  # the stored custom call is the conversation's history
 
 
-def test_a_regex_grammar_constrains_a_custom_tools_input(scripted):
+def test_regex_and_lark_grammars_constrain_a_custom_tools_input(scripted):
     client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
     tools = [{"type": "custom", "name": "dial", "description": "Dial a number",
               "format": {"type": "grammar", "syntax": "regex", "definition": "[0-9]{3}-[0-9]{4}"}}]
@@ -214,3 +215,10 @@ def test_a_regex_grammar_constrains_a_custom_tools_input(scripted):
                                        tool_choice={"type": "custom", "name": "dial"}, max_output_tokens=60)
     (call,) = response.output
     assert call.type == "custom_tool_call" and re.fullmatch(r"[0-9]{3}-[0-9]{4}", call.input), call
+    lark = [{"type": "custom", "name": "sql", "format": {"type": "grammar", "syntax": "lark",
+                                                         "definition": 'start: "SELECT " NAME " FROM " NAME\n'
+                                                                       'NAME: /[a-z]{1,12}/'}}]
+    response = client.responses.create(model="real", input="Which towns?", tools=lark, temperature=0,
+                                       tool_choice={"type": "custom", "name": "sql"}, max_output_tokens=60)
+    (call,) = response.output
+    assert call.type == "custom_tool_call" and re.fullmatch(r"SELECT [a-z]{1,12} FROM [a-z]{1,12}", call.input), call

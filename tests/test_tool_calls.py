@@ -79,3 +79,12 @@ def test_forced_opening_continues_inside_a_call():
 def test_syntax_follows_the_template():
     assert syntax_of("{{ '[TOOL_CALLS]' }}") is MISTRAL
     assert syntax_of(ChatTemplate.for_model("chatml", None, "<s>", "</s>").source) is HERMES
+
+
+@pytest.mark.parametrize("pieces", splits('<tool_call>\n{"name": "sql"}\nSELECT "a"\n  FROM b\n</tool_call>'))
+def test_a_raw_input_call_is_read_for_the_tools_called_so(pieces):
+    parser = ToolCallParser(ToolCallRules(HERMES, lambda name, arguments: True, raw_inputs=frozenset({"sql"})))
+    events = [e for piece in pieces for e in parser.feed(piece)] + parser.flush()
+    assert [(e.name, json.loads(e.arguments)) for e in events] == [("sql", {"input": 'SELECT "a"\n  FROM b'})]
+    other = '<tool_call>\n{"name": "shell"}\nls\n</tool_call>'  # not a raw-input tool: text, as any bad call
+    assert parse(HERMES, [other]) == (other, [], 0)

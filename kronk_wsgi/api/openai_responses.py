@@ -168,8 +168,9 @@ class CustomGrammarFormat(Strict):
 
 class CustomTool(Strict):
     """A tool whose input is free-form text, not JSON: offered to the model as a function of one string,
-    ``input``; a regex grammar constrains that string (as a strict function's schema does). A lark grammar
-    cannot be enforced inside the call's JSON: such a tool is not offered, and the response says so."""
+    ``input``. A regex grammar constrains that string as a strict function's schema does; a Lark grammar
+    constrains the input of a call written in the raw form (see serving/tool_calls.py), which the model is
+    told of in the tool's description."""
 
     type: Literal["custom"]
     name: FunctionName
@@ -177,16 +178,17 @@ class CustomTool(Strict):
     format: Optional[Annotated[Union[CustomTextFormat, CustomGrammarFormat], Field(discriminator="type")]] = None
 
     @property
-    def offered(self) -> bool:
-        return not (isinstance(self.format, CustomGrammarFormat) and self.format.syntax == "lark")
-
-    @property
-    def label(self) -> str:
-        return self.name
+    def lark(self) -> Optional[str]:
+        """Its input's Lark grammar, if it has one."""
+        grammar = self.format
+        return grammar.definition if isinstance(grammar, CustomGrammarFormat) and grammar.syntax == "lark" else None
 
     def as_function(self) -> "FunctionTool":
         text: dict[str, Any] = {"type": "string", "description": "the tool's input, as free-form text"}
-        if isinstance(self.format, CustomGrammarFormat):
+        if self.lark is not None:
+            text["description"] = (f'the tool\'s input, in this Lark grammar:\n{self.lark}\nCall it as '
+                                   f'{{"name": "{self.name}"}} on a line of its own, then the input as it is.')
+        elif isinstance(self.format, CustomGrammarFormat):
             text["pattern"] = f"^(?:{self.format.definition})$"
         return FunctionTool(type="function", name=self.name, description=self.description, strict=True,
                             parameters={"type": "object", "properties": {"input": text}, "required": ["input"],
@@ -339,8 +341,7 @@ class ResponsesRequest(Strict):
             tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
             thinking=None if effort is None else effort not in ("none", "minimal"),
             truncate=self.truncation == "auto",
-            not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)
-                              or isinstance(t, CustomTool) and not t.offered),
+            not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
             max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
             cache_key=self.prompt_cache_key,
@@ -354,13 +355,13 @@ class ResponsesRequest(Strict):
                 offered += tool.tools
             elif isinstance(tool, FunctionTool):
                 offered.append(tool)
-            elif isinstance(tool, CustomTool) and tool.offered:
+            elif isinstance(tool, CustomTool):
                 offered.append(tool.as_function())
         return offered
 
     def custom_tools(self) -> frozenset[str]:
-        """The names of the custom tools offered: their calls are custom_tool_call items."""
-        return frozenset(t.name for t in self.tools or () if isinstance(t, CustomTool) and t.offered)
+        """The names of the custom tools: their calls are custom_tool_call items."""
+        return frozenset(t.name for t in self.tools or () if isinstance(t, CustomTool))
 
     def namespaces(self) -> dict[str, str]:
         """Each namespaced function's namespace, by its name."""
@@ -378,6 +379,7 @@ class ResponsesRequest(Strict):
             choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
             name=None if choice is None or isinstance(choice, str) else choice.name,
             max_calls=1 if self.parallel_tool_calls is False else self.max_tool_calls,
+            raw_inputs={t.name: t.lark for t in self.tools or () if isinstance(t, CustomTool) and t.lark is not None},
         )
 
     def _logprobs(self) -> Optional[int]:

@@ -8,7 +8,7 @@ raise ``ApiError``s that name the body's own fields.
 
 import dataclasses
 import os
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import jsonschema
 import jsonschema.protocols
@@ -64,6 +64,9 @@ class ToolUse:
     choice: str = "auto"  # "auto", "none" or "required"
     name: Optional[str] = None
     max_calls: Optional[int] = None
+    # Tools whose input is text in a Lark grammar, by name: called in the raw form (see serving/tool_calls.py),
+    # the input constrained to the grammar; each is strict.
+    raw_inputs: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def forced(self) -> bool:
@@ -257,18 +260,24 @@ def render_chat(
 def _tool_reading(model: LoadedModel, tools: ToolUse, reading: ReplyReading) -> tuple[ReplyReading, Optional[str], str]:
     """How a reply with tools is read, and the grammar of its calls (with where it starts), if they are constrained."""
     syntax = syntax_of(model.template.source)
+    if tools.raw_inputs and syntax.close is None:
+        raise invalid(f"tools: {', '.join(tools.raw_inputs)} take input in a Lark grammar, which this model's "
+                      f"tool-call syntax ({syntax.open}) cannot delimit; use a regex or text format", param="tools")
     control = model.engine.tokenizer.control
-    rules = ToolCallRules(syntax, _accept_calls(tools), frozenset(t["function"]["name"] for t in tools.tools))
+    raw = dict(tools.raw_inputs)
+    rules = ToolCallRules(syntax, _accept_calls(tools), frozenset(t["function"]["name"] for t in tools.tools),
+                          frozenset(raw))
     if tools.forced:
         # A required call with one tool on offer is a call of that tool: its name is written, not sampled.
         name = tools.name or (tools.tools[0]["function"]["name"] if len(tools.tools) == 1 else None)
-        opening = forced_opening(syntax, name)
-        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, name)
+        opening = forced_opening(syntax, name, raw_input=name in raw)
+        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, name, raw_inputs=raw)
         return dataclasses.replace(reading, tool_rules=rules, reply_start=opening, max_tool_calls=tools.max_calls), \
             grammar, ""
     reading = dataclasses.replace(reading, tool_rules=rules, max_tool_calls=tools.max_calls)
     if tools.strict:  # the model may answer or call: a call it opens follows the schemas
-        return reading, call_grammar(syntax, list(tools.tools), tools.strict, control, forced=False), syntax.open
+        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, forced=False, raw_inputs=raw)
+        return reading, grammar, syntax.open
     return reading, None, ""
 
 

@@ -6,6 +6,11 @@ Two conventions are understood: Hermes-style ``<tool_call>{json}</tool_call>``
 Text that looks like a tool call but does not parse, or that the request's
 tools do not accept (an unknown name, arguments against a strict schema),
 stays plain text.
+
+A tool whose input is text in a grammar of the client's (a Responses custom
+tool with a Lark grammar) is called in a raw form, which only the Hermes
+convention can delimit: ``<tool_call>\n{"name": "x"}\n`` then the input as it
+is, then ``\n</tool_call>``; it is read as arguments ``{"input": text}``.
 """
 
 import dataclasses
@@ -41,18 +46,24 @@ def _call_head(name: str) -> str:
     return f'{{"name": {json.dumps(name)}, "arguments": '
 
 
-def forced_opening(syntax: ToolCallSyntax, name: Optional[str]) -> str:
-    """The start of a reply that must be a tool call (of the function ``name``, if given).
+def _raw_head(name: str) -> str:
+    """A raw-input call's text up to its input."""
+    return json.dumps({"name": name}) + "\n"
+
+
+def forced_opening(syntax: ToolCallSyntax, name: Optional[str], raw_input: bool = False) -> str:
+    """The start of a reply that must be a tool call (of the function ``name``, if given; in the raw form with
+    ``raw_input``).
 
     Appended to the prompt, it makes the model continue inside a tool call.
     """
     opening = syntax.open + ("[" if syntax.close is None else "\n")
-    return opening + (_call_head(name) if name else "")
+    return opening + ((_raw_head(name) if raw_input else _call_head(name)) if name else "")
 
 
 def call_grammar(
     syntax: ToolCallSyntax, tools: list[dict], strict_tools: frozenset[str], control: dict[str, int],
-    name: Optional[str] = None, forced: bool = True,
+    name: Optional[str] = None, forced: bool = True, raw_inputs: Optional[dict[str, str]] = None,
 ) -> str:
     """A Lark grammar for tool calls whose arguments follow the tools' schemas.
 
@@ -62,28 +73,41 @@ def call_grammar(
     opening tag), that call and any more that follow it. Keywords the grammar
     cannot enforce are an error for the ``strict_tools`` and skipped for the
     others. ``control`` are the model's control tokens: a tag that is one is
-    matched as that token.
+    matched as that token. ``raw_inputs`` are the Lark grammars of the tools
+    called in the raw form, by name (Hermes convention only).
     """
+    raw_inputs = raw_inputs or {}
+    inputs = {tool: f"input_{index}" for index, tool in enumerate(raw_inputs)}  # each its own grammar
 
     def tag(text: str) -> str:
         return f"<[{control[text]}]>" if text in control else lark_string(text)
 
-    def arguments(tool: dict) -> str:
-        function = tool["function"]
-        return lark_json(function["parameters"], lenient=function["name"] not in strict_tools)
+    def arguments(tool: str) -> str:  # after the call's head, to the end of the call's text
+        if tool in raw_inputs:
+            return f"@{inputs[tool]}"
+        function = next(t["function"] for t in tools if t["function"]["name"] == tool)
+        return lark_json(function["parameters"], lenient=tool not in strict_tools) + ' "}"'
+
+    def head(tool: str) -> str:
+        return lark_string(_raw_head(tool) if tool in raw_inputs else _call_head(tool))
 
     if forced and name is not None:  # the opening ends with the call's head
-        body = arguments(next(t for t in tools if t["function"]["name"] == name))
+        body = arguments(name)
     else:
-        body = "(" + " | ".join(f"{lark_string(_call_head(t['function']['name']))} {arguments(t)}" for t in tools) + ")"
+        body = "(" + " | ".join(f"{head(t['function']['name'])} {arguments(t['function']['name'])}" for t in tools) + ")"
     if syntax.close is None:  # [TOOL_CALLS][{call}, {call}]
         if forced:
-            return lark_grammar(f'start: {body} "}}]"\n')
-        return lark_grammar(f'start: "[" {body} "}}" ("," " "? {body} "}}")* "]"\n')
-    close = f'"}}\\n" {tag(syntax.close)}'
+            return lark_grammar(f'start: {body} "]"\n')
+        return lark_grammar(f'start: "[" {body} ("," " "? {body})* "]"\n')
+    close = f'"\\n" {tag(syntax.close)}'
     if forced:
-        return lark_grammar(f"start: {body} {close}\n")
-    return lark_grammar(f'start: "\\n"? {body} {close} ("\\n" {tag(syntax.open)} "\\n"? {body} {close})*\n')
+        main = f"start: {body} {close}\n"
+    else:
+        main = f'start: "\\n"? {body} {close} ("\\n" {tag(syntax.open)} "\\n"? {body} {close})*\n'
+    if not raw_inputs:
+        return lark_grammar(main)
+    return json.dumps({"grammars": [{"lark_grammar": main}] + [
+        {"name": inputs[tool], "lark_grammar": grammar} for tool, grammar in raw_inputs.items()]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +117,22 @@ class ToolCallRules:
     syntax: ToolCallSyntax
     accept: Callable[[str, dict], bool]  # (name, arguments)
     names: frozenset[str] = frozenset()  # the tools' names: a call to one of them cut off by the limit is kept
+    raw_inputs: frozenset[str] = frozenset()  # the tools called in the raw form
+
+
+def _raw_call(body: str, rules: ToolCallRules) -> Optional[ToolCall]:
+    """A raw-input call (its head line, then its input), if the body is one of a tool called so."""
+    head, _, text = body.partition("\n")
+    try:
+        value = json.loads(head)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.keys() != {"name"} or value["name"] not in rules.raw_inputs:
+        return None
+    arguments = {"input": text.removesuffix("\n")}
+    if not rules.accept(value["name"], arguments):
+        return None
+    return ToolCall(uuid.uuid4().hex[:24], value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 def _parse_calls(body: str, accept: Callable[[str, dict], bool]) -> Optional[list[ToolCall]]:
@@ -194,6 +234,9 @@ class ToolCallParser:
 
     def _body(self, body: str, raw: str, out: list) -> None:
         calls = _parse_calls(body.strip(), self.accept)
+        if calls is None and self.rules.raw_inputs:
+            call = _raw_call(body.removeprefix("\n"), self.rules)
+            calls = [call] if call is not None else None
         if calls is None:
             self._text(raw, out)
             return

@@ -2,13 +2,16 @@
 gunicorn on the real SmolLM2-135M-Instruct. SmolLM2's own file template renders no tools: every tool here goes
 through the built-in Hermes rendering, and forced calls are held to their schema by the grammar.
 
-llama-index is not here: its OpenAI integration pins openai<3, which openai-agents (>=3) excludes from one
-environment. instructor 1.17 neither: it pins jiter<0.15, which holds openai to 3.3.
+instructor 1.17 (jiter<0.15, which holds openai to 3.3) and LlamaIndex (openai<3) cannot share the test extra's
+environment with openai-agents (openai>=3): they run in a virtualenv of their own that .ci/run makes
+(KRONK_TEST_OLDER_OPENAI_PYTHON), from tests/support/older_openai_clients.py.
 """
 
 import asyncio
 import json
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -144,3 +147,24 @@ def test_litellm_chat_streaming_and_tools(server):
     call = called.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
     assert any(entry["route"] == "/v1/chat/completions" for entry in server.completed())
+
+
+# -- instructor and LlamaIndex, in their own environment ----------------------------------------------------------
+
+OLDER_OPENAI = os.environ.get("KRONK_TEST_OLDER_OPENAI_PYTHON")
+
+
+@pytest.mark.skipif(not OLDER_OPENAI and not os.environ.get("KRONK_TEST_REQUIRE_OLDER_OPENAI"),
+                    reason="no virtualenv with instructor and LlamaIndex (KRONK_TEST_OLDER_OPENAI_PYTHON): "
+                           ".ci/run makes one")
+def test_instructor_tools_and_llama_index_chat_stream_and_tools(server):
+    assert OLDER_OPENAI, "KRONK_TEST_OLDER_OPENAI_PYTHON is not set"
+    script = Path(__file__).parent / "support" / "older_openai_clients.py"
+    ran = subprocess.run([OLDER_OPENAI, str(script), server.url + "/v1", "smol"], capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = json.loads(ran.stdout)
+    assert got["instructor"]["name"] and got["instructor"]["country"]  # TOOLS mode: a forced call, validated
+    assert got["llama_index_chat"] and got["llama_index_stream"]
+    (call,) = got["llama_index_tools"]
+    assert call["name"] == "get_weather" and isinstance(call["arguments"].get("city"), str)

@@ -3,6 +3,7 @@ any worker sharing the store), streamed to a client that may leave, and stored a
 
 import json
 import time
+from typing import Iterator
 
 import openai
 import pytest
@@ -93,20 +94,43 @@ def test_cancel_is_for_background_responses_of_ones_own(slow):
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "response_not_found"
 
 
-def test_a_background_stream_goes_on_when_its_client_leaves(slow):
-    one, _ = slow
+def events(frames) -> Iterator[dict]:
+    return (json.loads(frame.partition("data: ")[2]) for _, frame in frames if "data: " in frame)
+
+
+def test_a_background_stream_goes_on_when_its_client_leaves_and_is_resumed_anywhere(slow):
+    one, other = slow
     raw = RawStream(one.host, one.port, RESPONSES, {"model": "tiny", "input": "Hello", "background": True,
-                                                     "stream": True, "max_output_tokens": 8})
+                                                     "stream": True, "max_output_tokens": 12})
     assert raw.status == 200
-    response_id = None
-    for _, frame in raw.frames():
-        data = json.loads(frame.partition("data: ")[2])
-        response_id = response_id or data.get("response", {}).get("id")
-        if data["type"] == "response.output_text.delta":
+    seen = []
+    for event in events(raw.frames()):
+        seen.append(event)
+        if event["type"] == "response.output_text.delta":
             break
     raw.sock.close()  # the client leaves after the first token
-    final = poll(one, response_id, lambda r: r["status"] == "incomplete")
-    assert final["usage"]["output_tokens"] == 8 and final["background"]
+    response_id = seen[0]["response"]["id"]
+    assert poll(one, response_id, lambda r: True)["status"] == "in_progress"  # it goes on
+    # Resumed on the other server (the store is shared), after the last event the client saw, while it runs.
+    after = seen[-1]["sequence_number"]
+    resumed = requests.get(f"{other.url}{RESPONSES}/{response_id}", params={"stream": "true", "starting_after": after},
+                           stream=True, timeout=60)
+    assert resumed.status_code == 200 and resumed.headers["Content-Type"].startswith("text/event-stream")
+    rest = [json.loads(line[len("data: "):]) for line in resumed.iter_lines(decode_unicode=True)
+            if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in rest] == list(range(after + 1, after + 1 + len(rest)))
+    assert rest[-1]["type"] == "response.incomplete"
+    text = "".join(e["delta"] for e in seen + rest if e["type"] == "response.output_text.delta")
+    final = requests.get(f"{one.url}{RESPONSES}/{response_id}", timeout=30).json()
+    assert final["usage"]["output_tokens"] == 12 and final["output"][0]["content"][0]["text"] == text
+    whole = requests.get(f"{one.url}{RESPONSES}/{response_id}?stream=true", timeout=60).text  # from the start
+    assert whole.count("response.output_text.delta") // 2 == len([e for e in seen + rest if "delta" in e])
+    bad = requests.get(f"{one.url}{RESPONSES}/{response_id}?stream=true&starting_after=x", timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "starting_after"
+    plain = requests.post(one.url + RESPONSES, json={"model": "tiny", "input": "Hi", "max_output_tokens": 2},
+                          timeout=30).json()
+    again = requests.get(f"{one.url}{RESPONSES}/{plain['id']}?stream=true", timeout=30)
+    assert again.status_code == 400 and again.json()["error"]["param"] == "stream"
 
 
 def test_a_stopping_server_stores_what_it_cuts(tiny_model, tmp_path):

@@ -6,8 +6,10 @@ answers at once (or streams it, and the generation goes on if the client leaves)
 waits for an admission place as a request would, stores the response ``in_progress``, runs it, and stores it
 ``completed``, ``incomplete``, ``failed`` or ``cancelled``. A cancel marks the stored response cancelled: the
 store is shared by every worker, so the one running it sees that within CANCEL_POLL_SECONDS (its own cancels
-at once), stops before the next token and frees its slot; a cancelled response stays cancelled. A worker
-that stops waits for its background responses as for its streams, and stores those it must cut as failed.
+at once), stops before the next token and frees its slot; a cancelled response stays cancelled. The run
+stores its stream's events as they go out, so that a client on any worker can read the stream again from
+where it left it (``resumed``). A worker that stops waits for its background responses as for its streams,
+and stores those it must cut as failed.
 """
 
 import time
@@ -24,6 +26,7 @@ from ..serving.events import Event, Failed
 from ..serving.pool import ClientGone, Overloaded
 from ..serving.session import Session
 from .errors import ApiError
+from .response import watched
 from .state import KronkState
 
 if TYPE_CHECKING:
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kronk_wsgi.background")
 
 CANCEL_POLL_SECONDS = 1.0
+EVENTS_SAVE_SECONDS = 0.25  # how often a run stores its new stream events, and a resumed stream looks for them
+UNFINISHED = ("queued", "in_progress")
 _END = object()  # the last item of a live stream's queue
 
 
@@ -69,7 +74,7 @@ class BackgroundRun:
             self.listener = gevent.queue.Queue()
         self.kronk.background[self.response_id] = self
         self.greenlet = gevent.spawn(self._run, admit, encoder)
-        return encoder.protocol.stream(self._listen()) if stream else jsonify(base)
+        return encoder.protocol.stream(watched(self._listen())) if stream else jsonify(base)
 
     def _listen(self) -> Iterator[str]:
         try:
@@ -117,10 +122,28 @@ class BackgroundRun:
                     failure.append(event)
                 yield event
 
+        keepalive = encoder.protocol.framing.keepalive
+        kept: list[tuple[int, str]] = []  # events not in the store yet
+        saved = time.monotonic()
         for frame in encoder.frames(events()):
             if self.listener is not None:
                 self.listener.put(frame)
+            if frame != keepalive:
+                kept.append((encoder.sequence - 1, frame))
+            if kept and time.monotonic() - saved >= EVENTS_SAVE_SECONDS:
+                self._save_events(kept)
+                kept, saved = [], time.monotonic()
+        self._save_events(kept)
         return failure[0] if failure else None
+
+    def _save_events(self, frames: list[tuple[int, str]]) -> None:
+        """Store stream events, for clients that resume the stream (GET ...?stream=true)."""
+        kronk = self.kronk
+        try:
+            offload.call(kronk.store_thread, kronk.responses.add_events, self.response_id, frames)
+        except Exception as exc:  # sqlite3's and the file system's errors
+            log.error("background events not stored", response_id=self.response_id,
+                      error=f"{type(exc).__name__}: {exc}")
 
     def _end(self, session: Session, encoder: "ResponsesEncoder", failure: Optional[Failed]) -> str:
         """Store how a run that was admitted ended (a finished one its encoder stored); its status."""
@@ -151,6 +174,27 @@ class BackgroundRun:
                  outcome=stats.outcome if stats else None, duration=round(seconds, 4),
                  prompt_tokens=stats.prompt_tokens if stats else None,
                  completion_tokens=stats.completion_tokens if stats else None)
+
+
+def resumed(kronk: KronkState, owner: str, response_id: str, after: int, keepalive: float,
+            keepalive_frame: str) -> Iterator[str]:
+    """A background response's stream from the event after sequence number ``after``, as the store has it:
+    what is there, then what the run adds, until the response ends (keep-alives while it is quiet)."""
+    quiet_since, ending = time.monotonic(), False
+    while True:
+        frames = offload.call(kronk.store_thread, kronk.responses.events, response_id, owner, after)
+        for after, frame in frames:
+            yield frame
+        now = time.monotonic()
+        quiet_since = now if frames else quiet_since
+        if ending:
+            return
+        found = offload.call(kronk.store_thread, kronk.responses.get, response_id, owner)
+        ending = found is None or found["status"] not in UNFINISHED  # one more look: its last events follow
+        if now - quiet_since >= keepalive:
+            yield keepalive_frame
+            quiet_since = now
+        gevent.sleep(EVENTS_SAVE_SECONDS)
 
 
 def wait_for_runs(kronk: KronkState, timeout: float) -> None:

@@ -5,6 +5,7 @@ import time
 import uuid
 from typing import Annotated, Any, Callable, Iterator, Literal, Optional, Union
 
+import flask
 import gevent
 import pydantic
 import structlog
@@ -16,13 +17,13 @@ from ..serving import offload
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
-from .background import BackgroundRun
+from .background import UNFINISHED, BackgroundRun, resumed
 from .body import parse_body
 from .errors import ApiError, invalid
 from .openai_chat import logprob_content
 from .planning import JSON_OBJECT, MAX_PATTERN_LENGTH, GenerationRequest, ReplyFormat, ToolUse
 from .protocol import Protocol
-from .response import Encoder, respond
+from .response import Encoder, respond, watched
 from .schemas import (
     FunctionName, Metadata, ReasoningEffort, SchemaName, ServiceTier, Strict, User, json_object, template_role,
     template_tool, template_tool_call,
@@ -536,7 +537,7 @@ def responses():
 def _conversation(response_id: str) -> list[dict]:
     """The conversation a request continues; 400 if that response is not done yet (a background one)."""
     earlier = _stored(state().responses.get, response_id, "previous_response_id")
-    if earlier["status"] in ("queued", "in_progress"):
+    if earlier["status"] in UNFINISHED:
         raise invalid(f"response {response_id[:100]!r} is {earlier['status']}: continue it once it is done",
                       param="previous_response_id")
     return _stored(state().responses.conversation, response_id, "previous_response_id")
@@ -544,8 +545,21 @@ def _conversation(response_id: str) -> list[dict]:
 
 @bp.get("/v1/responses/<response_id>")
 def get_response(response_id: str):
-    """A stored response."""
-    return jsonify(_stored(state().responses.get, response_id))
+    """A stored response; with ``stream=true``, a background response's stream again, from the event after
+    ``starting_after`` (its sequence number) on."""
+    kronk = state()
+    found = _stored(kronk.responses.get, response_id)
+    if flask.request.args.get("stream", "false").lower() not in ("true", "1"):
+        return jsonify(found)
+    if not found.get("background"):
+        raise invalid("only a background response's stream can be read again", param="stream")
+    after = flask.request.args.get("starting_after", "-1")
+    if not after.lstrip("-").isdigit():
+        raise invalid(f"starting_after must be an event's sequence number, not {after[:50]!r}",
+                      param="starting_after")
+    frames = resumed(kronk, record().owner, response_id, int(after), kronk.settings.keepalive_interval,
+                     PROTOCOL.framing.keepalive)
+    return PROTOCOL.stream(watched(frames))
 
 
 @bp.post("/v1/responses/<response_id>/cancel")

@@ -6,8 +6,9 @@ blocking I/O: the API runs it in the app's store thread, never on the event
 loop, one call at a time, so a read sees every write made before it. Each
 response is its owner's (a digest of the API key that made it): another key
 sees none of it. A response stores only the messages it adds to its
-conversation and the id of the one it continues. At most ``keep`` responses,
-and ``max_bytes`` of them, are kept; the oldest go first.
+conversation and the id of the one it continues; a background response also keeps
+its stream's events, for clients that resume it. At most ``keep`` responses, and
+``max_bytes`` of them and their events, are kept; the oldest go first.
 """
 
 import hashlib
@@ -29,6 +30,12 @@ CREATE TABLE IF NOT EXISTS stored_responses (
     size INTEGER NOT NULL      -- bytes of response and messages
 );
 CREATE INDEX IF NOT EXISTS stored_responses_created ON stored_responses (created);
+CREATE TABLE IF NOT EXISTS background_events (
+    id TEXT NOT NULL,          -- the background response whose stream this is
+    sequence INTEGER NOT NULL, -- the event's sequence_number
+    frame TEXT NOT NULL,       -- the event as it went out (an SSE frame)
+    PRIMARY KEY (id, sequence)
+);
 """
 
 # A conversation is the chain of its responses, newest first: the one asked for, and each it continues.
@@ -85,16 +92,19 @@ class ResponseStore:
                        "size = excluded.size WHERE json_extract(stored_responses.response, '$.status') != "
                        "'cancelled' OR json_extract(excluded.response, '$.status') = 'cancelled'",
                        (response["id"], owner, time.time(), previous, body, added, len(body) + len(added)))
-            db.execute("DELETE FROM stored_responses WHERE created <= "
-                       "(SELECT created FROM stored_responses ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,))
-            total = db.execute("SELECT COALESCE(SUM(size), 0) FROM stored_responses").fetchone()[0]
+            beyond = db.execute("DELETE FROM stored_responses WHERE created <= (SELECT created FROM "
+                                "stored_responses ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,)).rowcount
+            if beyond:
+                db.execute("DELETE FROM background_events WHERE id NOT IN (SELECT id FROM stored_responses)")
+            total = db.execute("SELECT COALESCE(SUM(size), 0) FROM stored_responses").fetchone()[0] + \
+                db.execute("SELECT COALESCE(SUM(length(frame)), 0) FROM background_events").fetchone()[0]
             while total > self.max_bytes:
                 oldest = db.execute("SELECT id, size FROM stored_responses ORDER BY created LIMIT 64").fetchall()
                 for response_id, size in oldest:
                     if total <= self.max_bytes:
                         break
                     db.execute("DELETE FROM stored_responses WHERE id = ?", (response_id,))
-                    total -= size
+                    total -= size + self._forget_events(db, response_id)
 
     def get(self, response_id: str, owner: str) -> Optional[dict]:
         """The owner's response object; None if there is none."""
@@ -118,9 +128,34 @@ class ResponseStore:
                        "'in_progress')", (response_id, owner))
         return self.get(response_id, owner)
 
+    def add_events(self, response_id: str, frames: list[tuple[int, str]]) -> None:
+        """Keep a background response's stream events (sequence number, frame), for clients that resume it."""
+        db = self._connection()
+        with db:
+            db.executemany("INSERT OR REPLACE INTO background_events VALUES (?, ?, ?)",
+                           [(response_id, sequence, frame) for sequence, frame in frames])
+
+    def events(self, response_id: str, owner: str, after: int) -> list[tuple[int, str]]:
+        """The owner's background response's stream events after sequence number ``after``, in order."""
+        return self._connection().execute(
+            "SELECT e.sequence, e.frame FROM background_events e JOIN stored_responses r ON r.id = e.id "
+            "WHERE e.id = ? AND r.owner = ? AND e.sequence > ? ORDER BY e.sequence",
+            (response_id, owner, after)).fetchall()
+
     def delete(self, response_id: str, owner: str) -> bool:
         """Forget the owner's response; whether there was one."""
         db = self._connection()
         with db:
-            return db.execute("DELETE FROM stored_responses WHERE id = ? AND owner = ?",
-                              (response_id, owner)).rowcount > 0
+            deleted = db.execute("DELETE FROM stored_responses WHERE id = ? AND owner = ?",
+                                 (response_id, owner)).rowcount > 0
+            if deleted:
+                self._forget_events(db, response_id)
+            return deleted
+
+    @staticmethod
+    def _forget_events(db: sqlite3.Connection, response_id: str) -> int:
+        """Delete a response's stream events; the bytes they held."""
+        held = db.execute("SELECT COALESCE(SUM(length(frame)), 0) FROM background_events WHERE id = ?",
+                          (response_id,)).fetchone()[0]
+        db.execute("DELETE FROM background_events WHERE id = ?", (response_id,))
+        return held

@@ -114,8 +114,8 @@ class Generation:
     the options ask for them; the caller takes them as the text they make comes
     out. ``choice`` numbers the replies to one prompt: each draws its own
     random numbers. The prefill saves the prompt's prefix at each of
-    ``save_at`` (see ``Slot.prefill``). After iteration ``finish_reason`` is "stop" (an end token,
-    a stop sequence or a complete grammar) or "length" (max_tokens or the
+    ``save_at`` (see ``Slot.prefill``). After iteration ``finish_reason`` is
+    "stop" (an end token, a stop sequence or a complete grammar) or "length" (max_tokens or the
     context window), ``stop_sequence`` is the stop sequence that ended it, if
     one did, ``window_full`` says the context window has no room left, and
     ``completion_tokens`` counts the sampled tokens; ``cached_tokens`` and

@@ -222,3 +222,36 @@ def test_regex_and_lark_grammars_constrain_a_custom_tools_input(scripted):
                                        tool_choice={"type": "custom", "name": "sql"}, max_output_tokens=60)
     (call,) = response.output
     assert call.type == "custom_tool_call" and re.fullmatch(r"SELECT [a-z]{1,12} FROM [a-z]{1,12}", call.input), call
+
+
+def test_the_2026_fields_are_taken_and_what_cannot_be_honoured_is_refused_by_name(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    marked = [{"type": "text", "text": "Weather in Paris?", "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "12h"}}]
+    scripted.say("Sunny.")
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": marked}],
+                                          prompt_cache_options={"mode": "explicit", "ttl": "30m"},
+                                          prompt_cache_retention="24h")
+    assert chat.choices[0].message.content == "Sunny."
+    scripted.say("Sunny.")
+    response = client.responses.create(
+        model="tiny", prompt_cache_options={"mode": "implicit"}, prompt_cache_retention="in_memory",
+        background_options={"completion_window": "soonest"}, image={"context_compression": "auto"},
+        access_programs={"cyber": "standard"},
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Weather?",
+                                             "prompt_cache_breakpoint": {"mode": "explicit"}}]}])
+    assert response.output_text == "Sunny."
+    refused = [("/v1/chat/completions", {"messages": ASK, "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+               ("/v1/chat/completions", {"messages": ASK, "moderation": {"model": "omni-moderation-latest"}},
+                "moderation"),
+               ("/v1/responses", {"input": "hi", "conversation": "conv_1"}, "conversation"),
+               ("/v1/responses", {"input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
+               ("/v1/responses", {"input": "hi", "context_management": [{"type": "compaction"}]}, "context_management")]
+    for path, body, field in refused:
+        answer = scripted.post(path, {"model": "tiny", **body})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == field, answer.text
+        assert "here" in answer.json()["error"]["message"]  # why, not only what
+    scripted.say("Sunny.")
+    message = anthropic.Anthropic(base_url=scripted.url, api_key="unused", max_retries=0).messages.create(
+        model="tiny", max_tokens=20, messages=ASK, speed="standard", inference_geo="us", container="container_1",
+        extra_body={"user_profile_id": "profile-1", "workspace_id": "wrkspc_1"})
+    assert message.content[0].text == "Sunny."

@@ -291,3 +291,22 @@ def test_cache_control_breakpoints_save_prefixes_and_usage_says_so(smollm2, tmp_
         assert usage.cache_read_input_tokens >= breakpoint_at  # the whole prompt is saved with its answer
         assert usage.cache_creation_input_tokens == counted - usage.cache_read_input_tokens > 0
         assert usage.input_tokens == 0
+
+        chat = OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+        def saves(system_text: str, breakpoint: bool) -> float:
+            """States saved by one chat turn (reported when its slot is given back, all at once)."""
+            part = {"type": "text", "text": system_text}
+            if breakpoint:
+                part["prompt_cache_breakpoint"] = {"mode": "explicit"}
+            before = metric(server, "kronk_prompt_cache_events_total", model="smol", event="saved")
+            chat.chat.completions.create(model="smol", max_tokens=4, temperature=0, messages=[
+                {"role": "system", "content": [part]}, {"role": "user", "content": "Which one is tallest?"}])
+            deadline = time.monotonic() + 30
+            while (after := metric(server, "kronk_prompt_cache_events_total", model="smol", event="saved")) <= before:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            return after - before
+
+        assert saves("You know every bridge of the river. " * 15, breakpoint=False) == 1  # with its answer
+        assert saves("You know every tower of the city. " * 15, breakpoint=True) == 2  # and at OpenAI's breakpoint

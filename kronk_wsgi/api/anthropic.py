@@ -413,6 +413,12 @@ class MessagesRequest(CountTokensRequest):
     metadata: Optional[Metadata] = None
     cache_control: Optional[CacheControl] = None
     service_tier: Optional[Literal["auto", "standard_only"]] = None  # one tier here: both are met
+    speed: Optional[Literal["standard", "fast"]] = None  # one speed here: the model's
+    inference_geo: Optional[str] = None  # inference happens on this machine
+    # For Anthropic's code execution tool, which is not offered here (see ServerTool): no container is made.
+    container: Union[str, dict[str, Any], None] = None
+    user_profile_id: Optional[str] = None
+    workspace_id: Optional[str] = None
     output_config: Optional[OutputConfig] = None
     stream: bool = False
 

@@ -25,8 +25,8 @@ from .planning import JSON_OBJECT, MAX_PATTERN_LENGTH, GenerationRequest, ReplyF
 from .protocol import Protocol
 from .response import Encoder, respond, watched
 from .schemas import (
-    FunctionName, Metadata, ReasoningEffort, SchemaName, ServiceTier, Strict, User, json_object, template_role,
-    template_tool, template_tool_call,
+    FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName, ServiceTier,
+    Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
 )
 from .sessions import start_generation, start_later
 from .sse import sse
@@ -43,6 +43,7 @@ STORE_WAIT_SECONDS = 2.0  # how long a finished response waits for its write bef
 class InputText(Strict):
     type: Literal["input_text"]
     text: str
+    prompt_cache_breakpoint: Optional[PromptCacheBreakpoint] = None
 
 
 class OutputText(Strict):
@@ -155,6 +156,17 @@ class HostedTool(pydantic.BaseModel):
     @property
     def label(self) -> str:
         return self.name or self.type
+
+
+class BackgroundOptions(Strict):
+    """Accepted: a background response runs as soon as a place is free, whatever its window."""
+
+    completion_window: Literal["soonest", "2h", "8h"] = "soonest"
+    continuation_id: Optional[str] = None
+
+
+class ImageOptions(Strict):
+    context_compression: Literal["auto", "enabled", "disabled"] = "auto"
 
 
 class CustomTextFormat(Strict):
@@ -289,11 +301,23 @@ class ResponsesRequest(Strict):
     safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
     client_metadata: Optional[dict[str, Any]] = None
     background: bool = False  # answered after the POST returns: see api/background.py
+    background_options: Optional[BackgroundOptions] = None
+    prompt_cache_options: Optional[PromptCacheOptions] = None
+    prompt_cache_retention: Optional[Literal["in_memory", "24h"]] = None  # the prompt cache's budgets decide
+    image: Optional[ImageOptions] = None  # no images here: nothing to compress
+    access_programs: Optional[dict[str, Any]] = None  # one program here, the standard one
+    # Refused: see CANNOT
+    moderation: Optional[dict[str, Any]] = None
+    conversation: Union[str, dict[str, Any], None] = None
+    prompt: Optional[dict[str, Any]] = None
+    context_management: Optional[list[dict[str, Any]]] = None
     # What the SGLang gateway writes into a Responses body: taken at these values (top_k -1 is off)
     priority: Optional[int] = None  # one queue here: every request is served in turn
     top_k: Literal[-1, 0] = -1
     min_p: Annotated[float, Field(ge=0, le=0)] = 0.0
     repetition_penalty: Annotated[float, Field(ge=1, le=1)] = 1.0
+
+    _refused = pydantic.field_validator("moderation", "conversation", "prompt", "context_management")(refuse_given)
 
     @pydantic.field_validator("background")
     @classmethod
@@ -314,12 +338,20 @@ class ResponsesRequest(Strict):
 
     def input_messages(self) -> list[dict]:
         """The input as chat messages, for the chat template."""
+        return self._input()[0]
+
+    def _input(self) -> tuple[list[dict], list[int]]:
+        """The input as chat messages, and how many of them each prompt_cache_breakpoint's prefix runs through."""
         if isinstance(self.input, str):
-            return [{"role": "user", "content": self.input}]
+            return [{"role": "user", "content": self.input}], []
         messages: list[dict] = []
+        breaks: list[int] = []
         for item in self.input:
             if isinstance(item, MessageItem):
                 messages.append({"role": template_role(item.role), "content": item.text()})
+                if isinstance(item.content, list) and any(getattr(p, "prompt_cache_breakpoint", None)
+                                                          for p in item.content):
+                    breaks.append(len(messages))
             elif isinstance(item, FunctionCallItem):
                 call = template_tool_call(item.call_id, item.name, json_object(item.arguments, "arguments"))
                 if not messages or messages[-1]["role"] != "assistant":
@@ -332,13 +364,16 @@ class ResponsesRequest(Strict):
                 messages[-1].setdefault("tool_calls", []).append(call)
             elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
                 messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
-        return messages
+        return messages, breaks
 
     def generation_request(self, conversation: list[dict]) -> GenerationRequest:
         """What the body asks for, ``conversation`` (the previous response's and this input) as the prompt."""
         effort = self.reasoning.effort if self.reasoning else None
+        messages = self.instruction_messages() + conversation
+        given, breaks = self._input()
+        before = len(messages) - len(given)  # the instructions and the previous responses' messages
         return GenerationRequest(
-            self.model, prompt_param="input", messages=self.instruction_messages() + conversation,
+            self.model, prompt_param="input", messages=messages, cache_breaks=tuple(before + b for b in breaks),
             tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
             thinking=None if effort is None else effort not in ("none", "minimal"),
             truncate=self.truncation == "auto",

@@ -15,9 +15,42 @@ class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+class PromptCacheBreakpoint(Strict):
+    """The end of a prefix worth keeping (OpenAI's explicit breakpoint): a hint to the prompt cache, which saves
+    the conversation's prefix through the end of this part's message. The budgets decide how long it stays."""
+
+    mode: Literal["explicit"]
+    ttl: Optional[Literal["30m", "12h"]] = None
+
+
+class PromptCacheOptions(Strict):
+    """Accepted: the prompt cache saves what its hints and its own rules say, whatever the mode (docs/MODELS.rst)."""
+
+    mode: Literal["implicit", "explicit"] = "implicit"
+    ttl: Optional[Literal["30m", "12h"]] = None
+
+
+# Fields the APIs define that this server cannot honour: each a 400 naming it, for this reason.
+CANNOT = {
+    "audio": "audio output cannot be made here: this server's models write text",
+    "moderation": "moderation cannot be run here: this server has no moderation model",
+    "conversation": "there is no Conversations API here: continue a conversation with previous_response_id",
+    "prompt": "there are no stored prompt templates here: send the instructions and input themselves",
+    "context_management": "compaction is not done here: truncation \"auto\" drops the oldest input instead",
+}
+
+
+def refuse_given(value: Any, info: pydantic.ValidationInfo) -> Any:
+    """A field validator for the CANNOT fields: any value is a 400 naming the field, with the reason."""
+    if value is not None:
+        raise ValueError(CANNOT[info.field_name])
+    return value
+
+
 class TextPart(Strict):
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: Optional[PromptCacheBreakpoint] = None
 
 
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -254,11 +287,17 @@ class ChatCompletionRequest(SamplingFields):
     prompt_cache_key: Optional[Annotated[str, Field(max_length=1024)]] = None
     safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
     web_search_options: Optional[dict[str, Any]] = None  # a hosted tool this server cannot run: not offered
+    prompt_cache_options: Optional[PromptCacheOptions] = None
+    prompt_cache_retention: Optional[Literal["in_memory", "24h"]] = None  # the prompt cache's budgets decide
+    audio: Optional[dict[str, Any]] = None  # refused: see CANNOT
+    moderation: Optional[dict[str, Any]] = None  # refused: see CANNOT
     # llama-server's and vLLM's extensions, which clients written for them send
     grammar: Optional[str] = None  # GBNF
     json_schema: Optional[dict[str, Any]] = None
     continue_final_message: bool = False
     add_generation_prompt: bool = True
+
+    _refused = pydantic.field_validator("audio", "moderation")(refuse_given)
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatCompletionRequest":
@@ -291,6 +330,9 @@ class ChatCompletionRequest(SamplingFields):
             top_logprobs=(self.top_logprobs or 0) if self.logprobs else None, ignore_eos=self.ignore_eos,
             not_offered=("web_search",) if self.web_search_options is not None else (),
             cache_key=self.prompt_cache_key,
+            cache_breaks=tuple(index + 1 for index, message in enumerate(self.messages)
+                               if isinstance(message.content, list)
+                               and any(part.prompt_cache_breakpoint for part in message.content)),
         )
 
     def _reply_format(self) -> Optional[ReplyFormat]:

@@ -255,3 +255,22 @@ def test_the_2026_fields_are_taken_and_what_cannot_be_honoured_is_refused_by_nam
         model="tiny", max_tokens=20, messages=ASK, speed="standard", inference_geo="us", container="container_1",
         extra_body={"user_profile_id": "profile-1", "workspace_id": "wrkspc_1"})
     assert message.content[0].text == "Sunny."
+
+
+def test_todays_input_items_are_taken_as_the_sdk_writes_them(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    scripted.say("It is sunny.")
+    response = client.responses.create(model="tiny", input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "message", "role": "assistant", "phase": "commentary", "status": "completed", "id": "msg_1",
+         "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}',
+         "caller": {"type": "direct"}, "namespace": "weather"},
+        {"type": "function_call_output", "call_id": "call_1", "name": "get_weather", "namespace": "weather",
+         "caller": {"type": "direct"}, "output": [{"type": "input_text", "text": "sunny, "},
+                                                  {"type": "input_text", "text": "22 C"}]}])
+    assert response.output_text == "It is sunny."
+    image = scripted.post("/v1/responses", {"model": "tiny", "input": [
+        {"type": "function_call_output", "call_id": "call_1",
+         "output": [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]})
+    assert image.status_code == 400 and image.json()["error"]["param"].startswith("input[0]")

@@ -59,9 +59,18 @@ class MessageItem(Strict):
     content: Union[str, list[Annotated[Union[InputText, OutputText], Field(discriminator="type")]]]
     id: Optional[str] = None
     status: Optional[str] = None
+    phase: Optional[Literal["commentary", "final_answer"]] = None  # an earlier answer's: it is text all the same
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+Caller = Optional[dict[str, Any]]  # who made a call (the model, or a program): the model, here
+ToolOutput = Union[str, list[InputText]]  # a tool's result: text, or text parts (no images or files here)
+
+
+def _tool_output_text(output: ToolOutput) -> str:
+    return output if isinstance(output, str) else "".join(part.text for part in output)
 
 
 class FunctionCallItem(Strict):
@@ -72,6 +81,7 @@ class FunctionCallItem(Strict):
     id: Optional[str] = None
     status: Optional[str] = None
     namespace: Optional[str] = None  # the namespace tool the function belongs to
+    caller: Caller = None
 
     @pydantic.field_validator("arguments")
     @classmethod
@@ -83,9 +93,12 @@ class FunctionCallItem(Strict):
 class FunctionCallOutputItem(Strict):
     type: Literal["function_call_output"]
     call_id: str
-    output: str
+    output: ToolOutput
     id: Optional[str] = None
     status: Optional[str] = None
+    name: Optional[str] = None
+    namespace: Optional[str] = None
+    caller: Caller = None
 
 
 class CustomToolCallItem(Strict):
@@ -95,14 +108,17 @@ class CustomToolCallItem(Strict):
     input: str
     id: Optional[str] = None
     status: Optional[str] = None
+    namespace: Optional[str] = None
+    caller: Caller = None
 
 
 class CustomToolCallOutputItem(Strict):
     type: Literal["custom_tool_call_output"]
     call_id: str
-    output: str
+    output: ToolOutput
     id: Optional[str] = None
     status: Optional[str] = None
+    caller: Caller = None
 
 
 class ReasoningItem(Strict):
@@ -363,7 +379,8 @@ class ResponsesRequest(Strict):
                     messages.append({"role": "assistant", "content": ""})
                 messages[-1].setdefault("tool_calls", []).append(call)
             elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
-                messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
+                text = _tool_output_text(item.output)
+                messages.append({"role": "tool", "content": text, "tool_call_id": item.call_id})
         return messages, breaks
 
     def generation_request(self, conversation: list[dict]) -> GenerationRequest:

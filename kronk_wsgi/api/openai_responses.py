@@ -21,12 +21,13 @@ from .background import UNFINISHED, BackgroundRun, resumed
 from .body import parse_body
 from .errors import ApiError, invalid
 from .openai_chat import logprob_content
-from .planning import JSON_OBJECT, MAX_PATTERN_LENGTH, GenerationRequest, ReplyFormat, ToolUse
+from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
 from .protocol import Protocol
 from .response import Encoder, respond, watched
 from .schemas import (
-    FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName, ServiceTier,
-    Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
+    CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
+    ServiceTier, Strict, User, custom_input, json_object, refuse_given, template_role, template_tool,
+    template_tool_call,
 )
 from .sessions import start_generation, start_later
 from .sse import sse
@@ -185,43 +186,12 @@ class ImageOptions(Strict):
     context_compression: Literal["auto", "enabled", "disabled"] = "auto"
 
 
-class CustomTextFormat(Strict):
-    type: Literal["text"]
-
-
-class CustomGrammarFormat(Strict):
-    type: Literal["grammar"]
-    syntax: Literal["lark", "regex"]
-    definition: Annotated[str, Field(max_length=MAX_PATTERN_LENGTH)]
-
-
-class CustomTool(Strict):
-    """A tool whose input is free-form text, not JSON: offered to the model as a function of one string,
-    ``input``. A regex grammar constrains that string as a strict function's schema does; a Lark grammar
-    constrains the input of a call written in the raw form (see serving/tool_calls.py), which the model is
-    told of in the tool's description."""
-
+class CustomTool(CustomToolSpec):
     type: Literal["custom"]
-    name: FunctionName
-    description: Optional[str] = None
-    format: Optional[Annotated[Union[CustomTextFormat, CustomGrammarFormat], Field(discriminator="type")]] = None
-
-    @property
-    def lark(self) -> Optional[str]:
-        """Its input's Lark grammar, if it has one."""
-        grammar = self.format
-        return grammar.definition if isinstance(grammar, CustomGrammarFormat) and grammar.syntax == "lark" else None
 
     def as_function(self) -> "FunctionTool":
-        text: dict[str, Any] = {"type": "string", "description": "the tool's input, as free-form text"}
-        if self.lark is not None:
-            text["description"] = (f'the tool\'s input, in this Lark grammar:\n{self.lark}\nCall it as '
-                                   f'{{"name": "{self.name}"}} on a line of its own, then the input as it is.')
-        elif isinstance(self.format, CustomGrammarFormat):
-            text["pattern"] = f"^(?:{self.format.definition})$"
         return FunctionTool(type="function", name=self.name, description=self.description, strict=True,
-                            parameters={"type": "object", "properties": {"input": text}, "required": ["input"],
-                                        "additionalProperties": False})
+                            parameters=self.parameters())
 
 
 class NamespaceTool(Strict):
@@ -466,15 +436,7 @@ def _call_item(call: ToolCall, arguments: str, status: str, namespace: Optional[
 
 def _custom_call_item(call: ToolCall, status: str) -> dict:
     return {"id": "ctc_" + call.id, "type": "custom_tool_call", "status": status, "call_id": "call_" + call.id,
-            "name": call.name, "input": _custom_input(call)}
-
-
-def _custom_input(call: ToolCall) -> str:
-    """A custom tool's input: the string its function's one argument holds (a cut-off call: the text so far)."""
-    if not call.complete:
-        return call.arguments
-    value = json.loads(call.arguments).get("input", "")
-    return value if isinstance(value, str) else json.dumps(value)
+            "name": call.name, "input": custom_input(call.arguments, call.complete)}
 
 
 def _new_id(prefix: str) -> str:

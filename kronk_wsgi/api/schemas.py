@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import SamplingParams
 from .errors import invalid
-from .planning import JSON_OBJECT, MAX_CHOICES, GenerationRequest, ReplyFormat, ToolUse
+from .planning import JSON_OBJECT, MAX_CHOICES, MAX_PATTERN_LENGTH, GenerationRequest, ReplyFormat, ToolUse
 
 
 class Strict(BaseModel):
@@ -97,9 +97,60 @@ class FunctionDefinition(Strict):
     strict: Optional[bool] = None
 
 
+class CustomTextFormat(Strict):
+    type: Literal["text"]
+
+
+class CustomGrammarFormat(Strict):
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: Annotated[str, Field(max_length=MAX_PATTERN_LENGTH)]
+
+
+class CustomToolSpec(Strict):
+    """A tool whose input is free-form text, not JSON (OpenAI's custom tools): offered to the model as a function
+    of one string, ``input``. A regex grammar constrains that string as a strict function's schema does; a Lark
+    grammar constrains the input of a call written in the raw form (see serving/tool_calls.py), which the model
+    is told of in the tool's description."""
+
+    name: FunctionName
+    description: Optional[str] = None
+    format: Optional[Annotated[Union[CustomTextFormat, CustomGrammarFormat], Field(discriminator="type")]] = None
+
+    @property
+    def lark(self) -> Optional[str]:
+        """Its input's Lark grammar, if it has one."""
+        grammar = self.format
+        return grammar.definition if isinstance(grammar, CustomGrammarFormat) and grammar.syntax == "lark" else None
+
+    def parameters(self) -> dict:
+        """The schema of the function it is offered as."""
+        text: dict[str, Any] = {"type": "string", "description": "the tool's input, as free-form text"}
+        if self.lark is not None:
+            text["description"] = (f'the tool\'s input, in this Lark grammar:\n{self.lark}\nCall it as '
+                                   f'{{"name": "{self.name}"}} on a line of its own, then the input as it is.')
+        elif isinstance(self.format, CustomGrammarFormat):
+            text["pattern"] = f"^(?:{self.format.definition})$"
+        return {"type": "object", "properties": {"input": text}, "required": ["input"], "additionalProperties": False}
+
+
+def custom_input(arguments: str, complete: bool) -> str:
+    """A custom tool's input, from its call's arguments: the string of the one argument (a cut-off call: the
+    text so far)."""
+    if not complete:
+        return arguments
+    value = json.loads(arguments).get("input", "")
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 class ChatTool(Strict):
     type: Literal["function"]
     function: FunctionDefinition
+
+
+class ChatCustomTool(Strict):
+    type: Literal["custom"]
+    custom: CustomToolSpec
 
 
 class FunctionCall(Strict):
@@ -111,6 +162,17 @@ class ChatToolCall(Strict):
     id: str
     type: Literal["function"]
     function: FunctionCall
+
+
+class CustomCall(Strict):
+    name: FunctionName
+    input: str
+
+
+class ChatCustomToolCall(Strict):
+    id: str
+    type: Literal["custom"]
+    custom: CustomCall
 
 
 class ChatMessage(Strict):

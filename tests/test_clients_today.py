@@ -274,3 +274,64 @@ def test_todays_input_items_are_taken_as_the_sdk_writes_them(scripted):
         {"type": "function_call_output", "call_id": "call_1",
          "output": [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]})
     assert image.status_code == 400 and image.json()["error"]["param"].startswith("input[0]")
+
+
+def test_chat_custom_tools_and_allowed_tools(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    patch = {"type": "custom", "custom": {"name": "apply_patch", "description": "Apply a patch"}}
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    scripted.say(PATCH)
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Fix it"}],
+                                           tools=[patch, weather])
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.type == "custom" and call.custom.name == "apply_patch"
+    assert call.custom.input == "*** Begin Patch\n*** End Patch" and reply.choices[0].finish_reason == "tool_calls"
+    scripted.say(PATCH)
+    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Fix it"}],
+                                                 tools=[patch, weather], stream=True))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    # The SDK types stream deltas of function calls only: a custom call's delta comes through as it is written.
+    assert deltas[0].type == "custom" and deltas[0].custom["name"] == "apply_patch"
+    assert "".join(d.custom.get("input", "") for d in deltas) == call.custom.input
+    scripted.say("Patched.")
+    answered = client.chat.completions.create(model="tiny", tools=[patch, weather], messages=[
+        {"role": "user", "content": "Fix it"},
+        {"role": "assistant", "tool_calls": [{"id": call.id, "type": "custom",
+                                              "custom": {"name": "apply_patch", "input": call.custom.input}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Done!"}])
+    assert answered.choices[0].message.content == "Patched."
+    sql = {"type": "custom", "custom": {"name": "sql", "format": {
+        "type": "grammar", "syntax": "lark", "definition": 'start: "SELECT " NAME " FROM " NAME\nNAME: /[a-z]{1,12}/'}}}
+    forced = client.chat.completions.create(model="real", messages=[{"role": "user", "content": "Which towns?"}],
+                                            tools=[sql, weather], tool_choice={"type": "custom", "custom": {"name": "sql"}},
+                                            temperature=0, max_tokens=60)
+    (query,) = forced.choices[0].message.tool_calls
+    assert query.type == "custom" and re.fullmatch(r"SELECT [a-z]{1,12} FROM [a-z]{1,12}", query.custom.input)
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "get_weather"}}]}}
+    only = client.chat.completions.create(model="real", messages=[{"role": "user", "content": "Anything"}],
+                                          tools=[sql, weather], tool_choice=allowed, temperature=0, max_tokens=60)
+    assert [c.function.name for c in only.choices[0].message.tool_calls] == ["get_weather"]  # the one allowed
+    unknown = scripted.post("/v1/chat/completions", {"model": "tiny", "messages": ASK, "tools": [weather],
+                                                     "tool_choice": {**allowed, "allowed_tools": {
+                                                         "mode": "auto", "tools": [{"type": "function",
+                                                                                    "function": {"name": "nope"}}]}}})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "tool_choice"
+    responses_allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function",
+                                                                                 "name": "get_weather"}]}
+    response = client.responses.create(model="real", input="Anything", temperature=0, max_output_tokens=60,
+                                       tools=[{"type": "custom", "name": "sql", "format": sql["custom"]["format"]},
+                                              {"type": "function", "name": "get_weather", "parameters": WEATHER}],
+                                       tool_choice=responses_allowed)
+    assert [item.name for item in response.output] == ["get_weather"]
+
+
+def test_a_call_cut_off_by_the_token_limit_is_stored_and_its_conversation_goes_on(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    cut = client.responses.create(model="real", input="Weather?", tools=tools, tool_choice="required",
+                                  max_output_tokens=3, temperature=0)
+    assert cut.status == "incomplete" and cut.output[0].type == "function_call"
+    assert cut.output[0].status == "incomplete"
+    later = client.responses.create(model="real", input="Go on.", previous_response_id=cut.id, max_output_tokens=3)
+    assert later.status in ("completed", "incomplete")

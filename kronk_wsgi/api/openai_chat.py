@@ -12,7 +12,7 @@ from ..serving.events import (
 from .body import parse_body
 from .protocol import Protocol
 from .response import Encoder, respond
-from .schemas import ChatCompletionRequest
+from .schemas import ChatCompletionRequest, custom_input
 from .sessions import start_generation
 from .sse import DONE, sse
 from .state import record
@@ -44,11 +44,16 @@ def chat_completions():
     session = start_generation(body.generation_request())
     completion_id = record().response_id = "chatcmpl-" + uuid.uuid4().hex
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    encoder = ChatEncoder(body.model, completion_id, int(time.time()), include_usage, body.n, body.logprobs)
+    encoder = ChatEncoder(body.model, completion_id, int(time.time()), include_usage, body.n, body.logprobs,
+                          frozenset(tool.name for tool in body.custom_tools()))
     return respond(session, encoder, body.stream)
 
 
-def _tool_call(call: ToolCall, index: int) -> dict:
+def _tool_call(call: ToolCall, index: int, custom: bool = False) -> dict:
+    """A tool call as chat completions write it: a function's, or a custom tool's (its input as text)."""
+    if custom:
+        return {"index": index, "id": "call_" + call.id, "type": "custom",
+                "custom": {"name": call.name, "input": custom_input(call.arguments, call.complete)}}
     return {"index": index, "id": "call_" + call.id, "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
@@ -106,11 +111,12 @@ class ChatEncoder(OpenAIEncoder):
     protocol = PROTOCOL
 
     def __init__(self, model: str, completion_id: str, created: int, include_usage: bool,
-                 choices: int = 1, logprobs: bool = False) -> None:
+                 choices: int = 1, logprobs: bool = False, custom_tools: frozenset[str] = frozenset()) -> None:
         head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
                 "system_fingerprint": FINGERPRINT}
         super().__init__(head, include_usage, choices)
         self.with_logprobs = logprobs
+        self.custom_tools = custom_tools  # the names whose calls are custom tool calls
         self.calls: dict[int, int] = {}
 
     def _chunk(self, delta: dict, index: int = 0, finish: Optional[str] = None,
@@ -136,9 +142,11 @@ class ChatEncoder(OpenAIEncoder):
         # The call's head, then its arguments: clients accumulate the deltas by index.
         number = self.calls.get(event.index, 0)
         self.calls[event.index] = number + 1
-        head = _tool_call(event, number)
-        yield self._chunk({"tool_calls": [{**head, "function": {"name": event.name, "arguments": ""}}]}, event.index)
-        yield self._chunk({"tool_calls": [{"index": number, "function": {"arguments": event.arguments}}]}, event.index)
+        call = _tool_call(event, number, event.name in self.custom_tools)
+        kind = call["type"]
+        body, rest = ("input", call["custom"]["input"]) if kind == "custom" else ("arguments", event.arguments)
+        yield self._chunk({"tool_calls": [{**call, kind: {"name": event.name, body: ""}}]}, event.index)
+        yield self._chunk({"tool_calls": [{"index": number, kind: {body: rest}}]}, event.index)
 
     def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
         rest = self.take_logprobs(event.index)
@@ -156,7 +164,8 @@ class ChatEncoder(OpenAIEncoder):
     def _choice(self, index: int, events: list[Event]) -> dict:
         text = "".join(e.text for e in events if isinstance(e, TextDelta))
         thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
-        calls = [_tool_call(e, i) for i, e in enumerate(e for e in events if isinstance(e, ToolCall))]
+        calls = [_tool_call(e, i, e.name in self.custom_tools)
+                 for i, e in enumerate(e for e in events if isinstance(e, ToolCall))]
         message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
         if thinking:
             message["reasoning_content"] = thinking

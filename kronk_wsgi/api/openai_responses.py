@@ -231,6 +231,23 @@ class NamedFunction(Strict):
     name: FunctionName
 
 
+class AllowedTool(pydantic.BaseModel):
+    """One tool an allowed_tools choice names: a function or custom tool by name; a hosted tool (which is not
+    offered here) by its type."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+    type: str
+    name: Optional[str] = None
+
+
+class AllowedToolsChoice(Strict):
+    """The tools the model may call, of those offered (which the prompt shows all of)."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedTool]
+
+
 class TextFormat(Strict):
     type: Literal["text"]
 
@@ -268,7 +285,8 @@ class ResponsesRequest(Strict):
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     stream: bool = False
     tools: Optional[list[ResponsesTool]] = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedFunction, None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], Annotated[
+        Union[NamedFunction, AllowedToolsChoice], Field(discriminator="type")], None] = None
     parallel_tool_calls: Optional[bool] = None
     store: Optional[bool] = None
     previous_response_id: Optional[str] = None
@@ -395,14 +413,18 @@ class ResponsesRequest(Strict):
         if not functions:
             return None
         choice = self.tool_choice
+        allowed = choice if isinstance(choice, AllowedToolsChoice) else None
         return ToolUse(
             tuple(template_tool(t.name, t.description, t.parameters) for t in functions),
             # strict is on unless the tool turns it off, as in OpenAI's Responses API
             strict=frozenset(t.name for t in functions if t.strict is not False),
-            choice=choice if isinstance(choice, str) else "auto" if choice is None else "required",
-            name=None if choice is None or isinstance(choice, str) else choice.name,
+            choice=choice if isinstance(choice, str) else "auto" if choice is None else
+            allowed.mode if allowed else "required",
+            name=choice.name if isinstance(choice, NamedFunction) else None,
             max_calls=1 if self.parallel_tool_calls is False else self.max_tool_calls,
             raw_inputs={t.name: t.lark for t in self.tools or () if isinstance(t, CustomTool) and t.lark is not None},
+            allowed=frozenset(t.name for t in allowed.tools if t.type in ("function", "custom"))
+            if allowed else None,
         )
 
     def _logprobs(self) -> Optional[int]:
@@ -499,13 +521,22 @@ def _assistant_message(output: list[dict]) -> dict:
     """A response's output items as the assistant's chat message, for the conversation it continues."""
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
     message: dict[str, Any] = {"role": "assistant", "content": text}
-    calls = [template_tool_call(item["call_id"], item["name"], json.loads(item["arguments"]))
-             if item["type"] == "function_call" else template_tool_call(item["call_id"], item["name"],
-                                                                        {"input": item["input"]})
+    calls = [template_tool_call(item["call_id"], item["name"], _call_arguments(item))
              for item in output if item["type"] in ("function_call", "custom_tool_call")]
     if calls:
         message["tool_calls"] = calls
     return message
+
+
+def _call_arguments(item: dict) -> Any:
+    """A call item's arguments as chat templates take them: an object, or the text of one cut off by the token
+    limit, as it was written."""
+    if item["type"] == "custom_tool_call":
+        return {"input": item["input"]}
+    try:
+        return json.loads(item["arguments"])
+    except ValueError:
+        return item["arguments"]
 
 
 @bp.post("/v1/responses")
@@ -531,7 +562,8 @@ def responses():
         "previous_response_id": body.previous_response_id, "store": store, "temperature": body.temperature,
         "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
                  if body.text and body.text.format else {"type": "text"}},
-        "tool_choice": choice.model_dump() if isinstance(choice, NamedFunction) else choice or "auto",
+        "tool_choice": choice.model_dump(exclude_none=True) if choice is not None and not isinstance(choice, str)
+        else choice or "auto",
         "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p,
         "truncation": body.truncation or "disabled", "max_tool_calls": body.max_tool_calls,
         "reasoning": body.reasoning.model_dump() if body.reasoning else {"effort": None, "summary": None},

@@ -67,10 +67,17 @@ class ToolUse:
     # Tools whose input is text in a Lark grammar, by name: called in the raw form (see serving/tool_calls.py),
     # the input constrained to the grammar; each is strict.
     raw_inputs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The tools the model may call (OpenAI's allowed_tools), by name; None: all. The prompt shows them all,
+    # so it stays the same from one request to the next.
+    allowed: Optional[frozenset[str]] = None
 
     @property
     def forced(self) -> bool:
         return self.choice == "required" or self.name is not None
+
+    def callable(self) -> list[dict]:
+        """The tools the model may call."""
+        return [t for t in self.tools if self.allowed is None or t["function"]["name"] in self.allowed]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +128,14 @@ class GenerationRequest:
 def check(request: GenerationRequest) -> None:
     """Refuse, before any model is involved, what no model could answer."""
     tools = request.tools
-    if tools is not None and tools.name is not None and tools.name not in {t["function"]["name"] for t in tools.tools}:
+    names = {t["function"]["name"] for t in tools.tools} if tools is not None else set()
+    if tools is not None and tools.name is not None and tools.name not in names:
         raise invalid(f"tool_choice names {tools.name!r}, which is not among the tools", param="tool_choice")
+    if tools is not None and tools.allowed is not None and not tools.allowed:
+        raise invalid("tool_choice allows no tool: name at least one, or send tool_choice none", param="tool_choice")
+    if tools is not None and tools.allowed is not None and not tools.allowed <= names:
+        unknown = ", ".join(sorted(tools.allowed - names))
+        raise invalid(f"tool_choice allows {unknown}, which is not among the tools", param="tool_choice")
     if request.reply_format is not None and request.calls_tools:
         raise invalid("a JSON response format together with tools is not supported yet: "
                       "send tool_choice none, or no response format", param=request.reply_format.param)
@@ -265,18 +278,19 @@ def _tool_reading(model: LoadedModel, tools: ToolUse, reading: ReplyReading) -> 
                       f"tool-call syntax ({syntax.open}) cannot delimit; use a regex or text format", param="tools")
     control = model.engine.tokenizer.control
     raw = dict(tools.raw_inputs)
-    rules = ToolCallRules(syntax, _accept_calls(tools), frozenset(t["function"]["name"] for t in tools.tools),
+    callable_ = tools.callable()
+    rules = ToolCallRules(syntax, _accept_calls(tools), frozenset(t["function"]["name"] for t in callable_),
                           frozenset(raw))
     if tools.forced:
         # A required call with one tool on offer is a call of that tool: its name is written, not sampled.
-        name = tools.name or (tools.tools[0]["function"]["name"] if len(tools.tools) == 1 else None)
+        name = tools.name or (callable_[0]["function"]["name"] if len(callable_) == 1 else None)
         opening = forced_opening(syntax, name, raw_input=name in raw)
-        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, name, raw_inputs=raw)
+        grammar = call_grammar(syntax, callable_, tools.strict, control, name, raw_inputs=raw)
         return dataclasses.replace(reading, tool_rules=rules, reply_start=opening, max_tool_calls=tools.max_calls), \
             grammar, ""
     reading = dataclasses.replace(reading, tool_rules=rules, max_tool_calls=tools.max_calls)
-    if tools.strict:  # the model may answer or call: a call it opens follows the schemas
-        grammar = call_grammar(syntax, list(tools.tools), tools.strict, control, forced=False, raw_inputs=raw)
+    if tools.strict or tools.allowed is not None:  # the model may answer or call: a call it opens is held to them
+        grammar = call_grammar(syntax, callable_, tools.strict, control, forced=False, raw_inputs=raw)
         return reading, grammar, syntax.open
     return reading, None, ""
 
@@ -415,7 +429,7 @@ def _known_ids(model: LoadedModel, ids: list[int], param: str) -> list[int]:
 def _accept_calls(tools: ToolUse) -> Callable[[str, dict], bool]:
     """Which calls the tools take: a known name, and for a strict tool, arguments its schema validates."""
     checks: dict[str, Optional[jsonschema.protocols.Validator]] = {}  # None: any arguments
-    for tool in tools.tools:
+    for tool in tools.callable():
         name, schema = tool["function"]["name"], tool["function"]["parameters"]
         validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         checks[name] = validator(schema) if name in tools.strict else None

@@ -179,8 +179,9 @@ class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
-    tool_calls: Optional[list[ChatToolCall]] = None
+    tool_calls: Optional[list[Annotated[Union[ChatToolCall, ChatCustomToolCall], Field(discriminator="type")]]] = None
     tool_call_id: Optional[str] = None
+    refusal: Optional[str] = None  # an earlier answer's refusal: it goes into the prompt as its text
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatMessage":
@@ -191,19 +192,24 @@ class ChatMessage(Strict):
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("content is required, except on assistant messages with tool_calls")
         for call in self.tool_calls or ():
-            json_object(call.function.arguments, "tool_calls[].function.arguments")
+            if isinstance(call, ChatToolCall):
+                json_object(call.function.arguments, "tool_calls[].function.arguments")
+        if self.refusal is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry a refusal")
         return self
 
     def text(self) -> str:
         if self.content is None:
-            return ""
+            return self.refusal or ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def for_template(self) -> dict:
         message: dict[str, Any] = {"role": template_role(self.role), "content": self.text()}
         if self.tool_calls:
             message["tool_calls"] = [
-                template_tool_call(c.id, c.function.name, json.loads(c.function.arguments)) for c in self.tool_calls
+                template_tool_call(c.id, c.function.name, json.loads(c.function.arguments))
+                if isinstance(c, ChatToolCall) else template_tool_call(c.id, c.custom.name, {"input": c.custom.input})
+                for c in self.tool_calls
             ]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
@@ -217,6 +223,23 @@ class NamedFunction(Strict):
 class NamedToolChoice(Strict):
     type: Literal["function"]
     function: NamedFunction
+
+
+class NamedCustomToolChoice(Strict):
+    type: Literal["custom"]
+    custom: NamedFunction
+
+
+class AllowedTools(Strict):
+    mode: Literal["auto", "required"]
+    tools: list[Annotated[Union[NamedToolChoice, NamedCustomToolChoice], Field(discriminator="type")]]
+
+
+class AllowedToolsChoice(Strict):
+    """The tools the model may call, of those offered (which the prompt shows all of)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
 
 
 class StreamOptions(Strict):
@@ -325,8 +348,9 @@ def reply_format(spec: Union[TextResponseFormat, JsonObjectFormat, JsonSchemaFor
 class ChatCompletionRequest(SamplingFields):
     model: str
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    tools: Optional[list[ChatTool]] = None
-    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    tools: Optional[list[Annotated[Union[ChatTool, ChatCustomTool], Field(discriminator="type")]]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], Annotated[
+        Union[NamedToolChoice, NamedCustomToolChoice, AllowedToolsChoice], Field(discriminator="type")], None] = None
     parallel_tool_calls: Optional[bool] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -404,10 +428,23 @@ class ChatCompletionRequest(SamplingFields):
         if not self.tools:
             return None
         choice = self.tool_choice
+        functions = [t.function for t in self.tools if isinstance(t, ChatTool)]
+        customs = self.custom_tools()
+        named = choice.function if isinstance(choice, NamedToolChoice) else \
+            choice.custom if isinstance(choice, NamedCustomToolChoice) else None
+        allowed = choice.allowed_tools if isinstance(choice, AllowedToolsChoice) else None
         return ToolUse(
-            tuple(template_tool(t.function.name, t.function.description, t.function.parameters) for t in self.tools),
-            strict=frozenset(t.function.name for t in self.tools if t.function.strict),
-            choice="required" if isinstance(choice, NamedToolChoice) else choice or "auto",
-            name=choice.function.name if isinstance(choice, NamedToolChoice) else None,
+            tuple([template_tool(f.name, f.description, f.parameters) for f in functions]
+                  + [template_tool(c.name, c.description, c.parameters()) for c in customs]),
+            strict=frozenset([f.name for f in functions if f.strict] + [c.name for c in customs]),
+            choice=(allowed.mode if allowed else "required" if named else choice or "auto"),
+            name=named.name if named else None,
             max_calls=1 if self.parallel_tool_calls is False else None,
+            raw_inputs={c.name: c.lark for c in customs if c.lark is not None},
+            allowed=frozenset((t.function if isinstance(t, NamedToolChoice) else t.custom).name
+                              for t in allowed.tools) if allowed else None,
         )
+
+    def custom_tools(self) -> list[CustomToolSpec]:
+        """The custom tools offered: their calls come back as custom tool calls."""
+        return [t.custom for t in self.tools or () if isinstance(t, ChatCustomTool)]

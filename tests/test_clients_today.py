@@ -335,3 +335,12 @@ def test_a_call_cut_off_by_the_token_limit_is_stored_and_its_conversation_goes_o
     assert cut.output[0].status == "incomplete"
     later = client.responses.create(model="real", input="Go on.", previous_response_id=cut.id, max_output_tokens=3)
     assert later.status in ("completed", "incomplete")
+
+
+def test_count_tokens_takes_the_fields_messages_take(scripted):
+    client = anthropic.Anthropic(base_url=scripted.url, api_key="unused", max_retries=0)
+    counted = client.messages.count_tokens(
+        model="tiny", messages=ASK, cache_control={"type": "ephemeral"}, speed="standard",
+        output_config={"format": {"type": "json_schema", "schema": WEATHER}},
+        extra_body={"user_profile_id": "profile-1", "workspace_id": "wrkspc_1"})
+    assert counted.input_tokens == client.messages.count_tokens(model="tiny", messages=ASK).input_tokens

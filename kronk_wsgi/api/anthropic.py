@@ -325,6 +325,11 @@ class CountTokensRequest(Strict):
     # budget_tokens closes the thinking where the template opens it in the prompt.
     thinking: Optional[Thinking] = None
     context_management: Optional[ContextManagement] = None
+    cache_control: Optional[CacheControl] = None  # the whole prompt is a breakpoint: see MessagesRequest.cache_breaks
+    output_config: Optional[OutputConfig] = None
+    speed: Optional[Literal["standard", "fast"]] = None  # one speed here: the model's
+    user_profile_id: Optional[str] = None
+    workspace_id: Optional[str] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CountTokensRequest":
@@ -411,15 +416,10 @@ class MessagesRequest(CountTokensRequest):
     top_p: Optional[Annotated[float, Field(gt=0, le=1)]] = None
     top_k: Optional[Annotated[int, Field(ge=0)]] = None
     metadata: Optional[Metadata] = None
-    cache_control: Optional[CacheControl] = None
     service_tier: Optional[Literal["auto", "standard_only"]] = None  # one tier here: both are met
-    speed: Optional[Literal["standard", "fast"]] = None  # one speed here: the model's
     inference_geo: Optional[str] = None  # inference happens on this machine
     # For Anthropic's code execution tool, which is not offered here (see ServerTool): no container is made.
     container: Union[str, dict[str, Any], None] = None
-    user_profile_id: Optional[str] = None
-    workspace_id: Optional[str] = None
-    output_config: Optional[OutputConfig] = None
     stream: bool = False
 
     @pydantic.model_validator(mode="after")

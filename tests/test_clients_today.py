@@ -344,3 +344,30 @@ def test_count_tokens_takes_the_fields_messages_take(scripted):
         output_config={"format": {"type": "json_schema", "schema": WEATHER}},
         extra_body={"user_profile_id": "profile-1", "workspace_id": "wrkspc_1"})
     assert counted.input_tokens == client.messages.count_tokens(model="tiny", messages=ASK).input_tokens
+
+
+def test_legacy_function_calling_is_served_as_it_was(scripted):
+    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="unused", max_retries=0)
+    functions = [{"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER}]
+    scripted.say(CALL)
+    reply = client.chat.completions.create(model="tiny", messages=ASK, functions=functions)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "function_call" and not choice.message.tool_calls
+    assert choice.message.function_call.name == "get_weather"
+    assert json.loads(choice.message.function_call.arguments) == {"city": "Paris"}
+    scripted.say(CALL)
+    chunks = list(client.chat.completions.create(model="tiny", messages=ASK, functions=functions, stream=True))
+    calls = [c.choices[0].delta.function_call for c in chunks if c.choices and c.choices[0].delta.function_call]
+    assert calls[0].name == "get_weather" and "".join(c.arguments for c in calls) == '{"city": "Paris"}'
+    assert chunks[-1].choices[0].finish_reason == "function_call"
+    scripted.say("Sunny.")
+    answered = client.chat.completions.create(model="tiny", functions=functions, function_call="auto", messages=[
+        *ASK, {"role": "assistant", "content": None, "function_call": choice.message.function_call.model_dump()},
+        {"role": "function", "name": "get_weather", "content": "sunny"}])
+    assert answered.choices[0].message.content == "Sunny." and answered.choices[0].finish_reason == "stop"
+    forced = client.chat.completions.create(model="real", messages=ASK, functions=functions, temperature=0,
+                                            function_call={"name": "get_weather"}, max_tokens=40)
+    assert forced.choices[0].message.function_call.name == "get_weather"
+    both = scripted.post("/v1/chat/completions", {"model": "tiny", "messages": ASK, "functions": functions,
+                                                  "tools": [{"type": "function", "function": functions[0]}]})
+    assert both.status_code == 400

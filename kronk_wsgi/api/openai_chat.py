@@ -45,7 +45,7 @@ def chat_completions():
     completion_id = record().response_id = "chatcmpl-" + uuid.uuid4().hex
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     encoder = ChatEncoder(body.model, completion_id, int(time.time()), include_usage, body.n, body.logprobs,
-                          frozenset(tool.name for tool in body.custom_tools()))
+                          frozenset(tool.name for tool in body.custom_tools()), legacy_functions=bool(body.functions))
     return respond(session, encoder, body.stream)
 
 
@@ -111,12 +111,14 @@ class ChatEncoder(OpenAIEncoder):
     protocol = PROTOCOL
 
     def __init__(self, model: str, completion_id: str, created: int, include_usage: bool,
-                 choices: int = 1, logprobs: bool = False, custom_tools: frozenset[str] = frozenset()) -> None:
+                 choices: int = 1, logprobs: bool = False, custom_tools: frozenset[str] = frozenset(),
+                 legacy_functions: bool = False) -> None:
         head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
                 "system_fingerprint": FINGERPRINT}
         super().__init__(head, include_usage, choices)
         self.with_logprobs = logprobs
         self.custom_tools = custom_tools  # the names whose calls are custom tool calls
+        self.legacy_functions = legacy_functions  # a call is the message's function_call, as before tools
         self.calls: dict[int, int] = {}
 
     def _chunk(self, delta: dict, index: int = 0, finish: Optional[str] = None,
@@ -140,6 +142,10 @@ class ChatEncoder(OpenAIEncoder):
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         # The call's head, then its arguments: clients accumulate the deltas by index.
+        if self.legacy_functions:
+            yield self._chunk({"function_call": {"name": event.name, "arguments": ""}}, event.index)
+            yield self._chunk({"function_call": {"arguments": event.arguments}}, event.index)
+            return
         number = self.calls.get(event.index, 0)
         self.calls[event.index] = number + 1
         call = _tool_call(event, number, event.name in self.custom_tools)
@@ -152,7 +158,10 @@ class ChatEncoder(OpenAIEncoder):
         rest = self.take_logprobs(event.index)
         if rest:  # tokens whose text was held back or parsed into a tool call
             yield self._chunk({}, event.index, logprobs=rest)
-        yield self._chunk({}, event.index, event.reason)
+        yield self._chunk({}, event.index, self._finish_reason(event))
+
+    def _finish_reason(self, event: ChoiceEnd) -> str:
+        return "function_call" if self.legacy_functions and event.reason == "tool_calls" else event.reason
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
         return {
@@ -169,9 +178,11 @@ class ChatEncoder(OpenAIEncoder):
         message = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
         if thinking:
             message["reasoning_content"] = thinking
-        if calls:
+        if calls and self.legacy_functions:
+            message["function_call"] = calls[0]["function"]
+        elif calls:
             message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
         tokens = [t for e in events if isinstance(e, Logprobs) for t in e.tokens]
         end = next(e for e in events if isinstance(e, ChoiceEnd))
         listed = {"content": logprob_content(tokens), "refusal": None} if self.with_logprobs else None
-        return {"index": index, "message": message, "logprobs": listed, "finish_reason": end.reason}
+        return {"index": index, "message": message, "logprobs": listed, "finish_reason": self._finish_reason(end)}

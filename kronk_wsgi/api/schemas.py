@@ -176,12 +176,14 @@ class ChatCustomToolCall(Strict):
 
 
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function": a legacy function's result, as "tool" is a tool's
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[Annotated[Union[ChatToolCall, ChatCustomToolCall], Field(discriminator="type")]]] = None
     tool_call_id: Optional[str] = None
     refusal: Optional[str] = None  # an earlier answer's refusal: it goes into the prompt as its text
+    function_call: Optional[FunctionCall] = None  # an earlier answer's legacy function call
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatMessage":
@@ -189,8 +191,14 @@ class ChatMessage(Strict):
             raise ValueError("only assistant messages carry tool_calls")
         if (self.tool_call_id is None) != (self.role != "tool"):
             raise ValueError("tool messages, and only they, need tool_call_id")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.function_call)):
             raise ValueError("content is required, except on assistant messages with tool_calls")
+        if self.function_call is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry a function_call")
+        if self.role == "function" and self.name is None:
+            raise ValueError("function messages need the name of the function")
+        if self.function_call is not None:
+            json_object(self.function_call.arguments, "function_call.arguments")
         for call in self.tool_calls or ():
             if isinstance(call, ChatToolCall):
                 json_object(call.function.arguments, "tool_calls[].function.arguments")
@@ -204,6 +212,10 @@ class ChatMessage(Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def for_template(self) -> dict:
+        """The message as chat templates take it; a legacy function call and its result are a tool call and its
+        result, paired by the function's name."""
+        if self.role == "function":
+            return {"role": "tool", "content": self.text(), "tool_call_id": "call_" + self.name, "name": self.name}
         message: dict[str, Any] = {"role": template_role(self.role), "content": self.text()}
         if self.tool_calls:
             message["tool_calls"] = [
@@ -211,6 +223,9 @@ class ChatMessage(Strict):
                 if isinstance(c, ChatToolCall) else template_tool_call(c.id, c.custom.name, {"input": c.custom.input})
                 for c in self.tool_calls
             ]
+        if self.function_call is not None:
+            call = self.function_call
+            message["tool_calls"] = [template_tool_call("call_" + call.name, call.name, json.loads(call.arguments))]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         return message
@@ -375,6 +390,10 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: Optional[dict[str, Any]] = None  # a hosted tool this server cannot run: not offered
     prompt_cache_options: Optional[PromptCacheOptions] = None
     prompt_cache_retention: Optional[Literal["in_memory", "24h"]] = None  # the prompt cache's budgets decide
+    # OpenAI's legacy function calling: the functions are offered as tools, and a call comes back as the
+    # message's function_call (finish_reason function_call)
+    functions: Optional[Annotated[list[FunctionDefinition], Field(min_length=1)]] = None
+    function_call: Union[Literal["none", "auto"], NamedFunction, None] = None
     audio: Optional[dict[str, Any]] = None  # refused: see CANNOT
     moderation: Optional[dict[str, Any]] = None  # refused: see CANNOT
     # llama-server's and vLLM's extensions, which clients written for them send
@@ -395,6 +414,10 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         if self.tool_choice is not None and not self.tools:
             raise ValueError("tool_choice needs tools")
+        if self.functions is not None and self.tools is not None:
+            raise ValueError("give tools or the legacy functions, not both")
+        if self.function_call is not None and not self.functions:
+            raise ValueError("function_call needs functions")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
         if sum(x is not None for x in (self.grammar, self.json_schema, reply_format(self.response_format, ""))) > 1:
@@ -425,6 +448,12 @@ class ChatCompletionRequest(SamplingFields):
         return grammar_fields(self.grammar, self.json_schema) or reply_format(self.response_format, "response_format")
 
     def _tool_use(self) -> Optional[ToolUse]:
+        if self.functions:
+            named = self.function_call if isinstance(self.function_call, NamedFunction) else None
+            return ToolUse(tuple(template_tool(f.name, f.description, f.parameters) for f in self.functions),
+                           strict=frozenset(f.name for f in self.functions if f.strict),
+                           choice="required" if named else self.function_call or "auto",
+                           name=named.name if named else None, max_calls=1)
         if not self.tools:
             return None
         choice = self.tool_choice

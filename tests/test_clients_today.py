@@ -371,3 +371,33 @@ def test_legacy_function_calling_is_served_as_it_was(scripted):
     both = scripted.post("/v1/chat/completions", {"model": "tiny", "messages": ASK, "functions": functions,
                                                   "tools": [{"type": "function", "function": functions[0]}]})
     assert both.status_code == 400
+
+
+def test_cache_diagnostics_say_what_changed_since_the_previous_message(scripted):
+    client = anthropic.Anthropic(base_url=scripted.url, api_key="unused", max_retries=0)
+    system = "You answer questions about the weather, briefly."
+
+    def ask(messages, previous, **fields):
+        scripted.say("Sunny.")
+        message = client.messages.create(model="tiny", max_tokens=20, system=fields.pop("system", system),
+                                         messages=messages, diagnostics={"previous_message_id": previous}, **fields)
+        return message.id, message.diagnostics
+
+    first, diagnostics = ask(ASK, None)
+    assert diagnostics is None  # opted in on the first turn: nothing to compare with
+    turn = ASK + [{"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "And tomorrow?"}]
+    second, diagnostics = ask(turn, first)
+    assert diagnostics is None  # only appended to: the prefix was the same
+    edited = [{"role": "user", "content": "Weather in Lyon?"}] + turn[1:]
+    _, diagnostics = ask(edited, second)
+    assert diagnostics.cache_miss_reason.type == "messages_changed"
+    assert diagnostics.cache_miss_reason.cache_missed_input_tokens > 0
+    _, diagnostics = ask(turn, second, system="Another system prompt.")
+    assert diagnostics.cache_miss_reason.type == "system_changed"
+    _, diagnostics = ask(turn, "msg_unknown")
+    assert diagnostics.cache_miss_reason.type == "previous_message_not_found"
+    scripted.say("Sunny.")
+    streamed = client.messages.create(model="tiny", max_tokens=20, system="Changed.", messages=turn, stream=True,
+                                      diagnostics={"previous_message_id": second})
+    start = next(iter(streamed))
+    assert start.type == "message_start" and start.message.diagnostics.cache_miss_reason.type == "system_changed"

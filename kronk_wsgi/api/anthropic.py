@@ -13,6 +13,7 @@ from pydantic import Discriminator, Field, Tag
 from ..engine.sampling import SamplingParams
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
 from .body import parse_body
+from .cache_diagnostics import diagnose
 from .planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
 from .protocol import Framing, Protocol
 from .response import Encoder, respond
@@ -311,6 +312,10 @@ class ContextEdit(Strict):
     clear_tool_inputs: Optional[bool] = None
 
 
+class DiagnosticsRequest(Strict):
+    previous_message_id: Optional[str] = None  # the message to compare this request's prompt with
+
+
 class ContextManagement(Strict):
     edits: list[ContextEdit] = []
 
@@ -418,6 +423,7 @@ class MessagesRequest(CountTokensRequest):
     metadata: Optional[Metadata] = None
     service_tier: Optional[Literal["auto", "standard_only"]] = None  # one tier here: both are met
     inference_geo: Optional[str] = None  # inference happens on this machine
+    diagnostics: Optional[DiagnosticsRequest] = None  # see api/cache_diagnostics.py
     # For Anthropic's code execution tool, which is not offered here (see ServerTool): no container is made.
     container: Union[str, dict[str, Any], None] = None
     stream: bool = False
@@ -499,7 +505,10 @@ def messages():
     session = start_generation(body.generation_request())
     message_id = record().response_id = "msg_" + uuid.uuid4().hex
     shown = getattr(body.thinking, "display", None) != "omitted"
-    return respond(session, MessagesEncoder(message_id, body.model, session.job.prompt_tokens, shown), body.stream)
+    encoder = MessagesEncoder(message_id, body.model, session.job.prompt_tokens, shown)
+    if body.diagnostics is not None:
+        encoder.head["diagnostics"] = diagnose(body, message_id)
+    return respond(session, encoder, body.stream)
 
 
 @bp.post("/v1/messages/count_tokens")

@@ -8,7 +8,8 @@ response is its owner's (a digest of the API key that made it): another key
 sees none of it. A response stores only the messages it adds to its
 conversation and the id of the one it continues; a background response also keeps
 its stream's events, for clients that resume it. At most ``keep`` responses, and
-``max_bytes`` of them and their events, are kept; the oldest go first.
+``max_bytes`` of them and their events, are kept; the oldest go first. The store
+also keeps the fingerprints of Messages requests that ask for cache diagnostics.
 """
 
 import hashlib
@@ -30,6 +31,12 @@ CREATE TABLE IF NOT EXISTS stored_responses (
     size INTEGER NOT NULL      -- bytes of response and messages
 );
 CREATE INDEX IF NOT EXISTS stored_responses_created ON stored_responses (created);
+CREATE TABLE IF NOT EXISTS prompt_fingerprints (
+    id TEXT PRIMARY KEY,       -- the message (msg_...) whose request this was
+    owner TEXT NOT NULL,
+    created REAL NOT NULL,
+    fingerprint TEXT NOT NULL  -- digests of the request's parts, for cache diagnostics (api/cache_diagnostics.py)
+);
 CREATE TABLE IF NOT EXISTS background_events (
     id TEXT NOT NULL,          -- the background response whose stream this is
     sequence INTEGER NOT NULL, -- the event's sequence_number
@@ -127,6 +134,21 @@ class ResponseStore:
                        "WHERE id = ? AND owner = ? AND json_extract(response, '$.status') IN ('queued', "
                        "'in_progress')", (response_id, owner))
         return self.get(response_id, owner)
+
+    def put_fingerprint(self, message_id: str, owner: str, fingerprint: dict) -> None:
+        """Keep a Messages request's fingerprint; forget the oldest beyond ``keep``."""
+        db = self._connection()
+        with db:
+            db.execute("INSERT OR REPLACE INTO prompt_fingerprints VALUES (?, ?, ?, ?)",
+                       (message_id, owner, time.time(), json.dumps(fingerprint)))
+            db.execute("DELETE FROM prompt_fingerprints WHERE created <= (SELECT created FROM prompt_fingerprints "
+                       "ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,))
+
+    def fingerprint(self, message_id: str, owner: str) -> Optional[dict]:
+        """The owner's fingerprint of a message's request; None if there is none."""
+        row = self._connection().execute("SELECT fingerprint FROM prompt_fingerprints WHERE id = ? AND owner = ?",
+                                         (message_id, owner)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def add_events(self, response_id: str, frames: list[tuple[int, str]]) -> None:
         """Keep a background response's stream events (sequence number, frame), for clients that resume it."""

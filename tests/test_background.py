@@ -11,8 +11,7 @@ import requests
 
 from kronk_wsgi.testing.rawhttp import RawStream
 
-from .conftest import run_server
-from .test_flow_control import faulty_env, metric
+from .conftest import faulty_env, metric, run_server
 
 RESPONSES = "/v1/responses"
 
@@ -35,8 +34,8 @@ def ended(server, response_id: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def slow(tiny_model, tmp_path_factory):
-    """0.2 s per token, no EOS; one slot and one place. Two of them, sharing one response store."""
+def two_servers(tiny_model, tmp_path_factory):
+    """Two servers sharing one response store, each 0.2 s per token, no EOS, one slot and one place."""
     home = tmp_path_factory.mktemp("background")
     env = faulty_env(tiny_model, KRONK_TEST_STEP_DELAY=0.2, KRONK_TEST_NO_EOS=1, KRONK_QUEUE_DEPTH=1,
                      KRONK_ADMISSION_TIMEOUT=30)
@@ -61,8 +60,8 @@ def test_a_background_response_is_polled_until_it_is_done(server):
     assert ended(server, queued.id)[0]["status"] == done["status"]
 
 
-def test_a_cancel_stops_it_before_the_next_token_and_frees_its_place(slow):
-    one, other = slow
+def test_a_cancel_stops_it_before_the_next_token_and_frees_its_place(two_servers):
+    one, other = two_servers
     client = openai.OpenAI(base_url=one.url + "/v1", api_key="unused", max_retries=0)
     started = client.responses.create(model="tiny", input="Hello", background=True, max_output_tokens=500)
     poll(one, started.id, lambda r: r["status"] == "in_progress")
@@ -84,8 +83,8 @@ def test_a_cancel_stops_it_before_the_next_token_and_frees_its_place(slow):
     assert again.json()["status"] == "cancelled"  # cancelling twice is no error
 
 
-def test_cancel_is_for_background_responses_of_ones_own(slow):
-    one, _ = slow
+def test_cancel_is_for_background_responses_of_ones_own(two_servers):
+    one, _ = two_servers
     plain = requests.post(one.url + RESPONSES, json={"model": "tiny", "input": "Hi", "max_output_tokens": 2},
                           timeout=30).json()
     refused = requests.post(f"{one.url}{RESPONSES}/{plain['id']}/cancel", timeout=30)
@@ -98,8 +97,8 @@ def events(frames) -> Iterator[dict]:
     return (json.loads(frame.partition("data: ")[2]) for _, frame in frames if "data: " in frame)
 
 
-def test_a_background_stream_goes_on_when_its_client_leaves_and_is_resumed_anywhere(slow):
-    one, other = slow
+def test_a_background_stream_goes_on_when_its_client_leaves_and_is_resumed_anywhere(two_servers):
+    one, other = two_servers
     raw = RawStream(one.host, one.port, RESPONSES, {"model": "tiny", "input": "Hello", "background": True,
                                                      "stream": True, "max_output_tokens": 12})
     assert raw.status == 200

@@ -11,16 +11,11 @@ import openai
 import pytest
 import requests
 
-from .conftest import FAULTY, metric, run_server
+from .conftest import faulty_env, metric, run_server
 from kronk_wsgi.testing.rawhttp import RawStream, data_of
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 CHAT = "/v1/chat/completions"
-
-
-def faulty_env(tiny_model, **extra):
-    models = '{"tiny": {"path": "%s", "engine": "%s"}}' % (tiny_model, FAULTY)
-    return {"KRONK_MODELS": models, **extra}
 
 
 def stream(server, body):
@@ -28,15 +23,15 @@ def stream(server, body):
 
 
 @pytest.fixture(scope="module")
-def slow(tiny_model, tmp_path_factory):
+def slow_steps(tiny_model, tmp_path_factory):
     """Each decode step takes 0.4 s; keep-alive every 0.15 s; parallel 1."""
     env = faulty_env(tiny_model, KRONK_TEST_STEP_DELAY=0.4, KRONK_KEEPALIVE_INTERVAL=0.15)
     with run_server(tmp_path_factory.mktemp("slow"), env) as server:
         yield server
 
 
-def test_keepalive_comments_between_slow_tokens(slow):
-    raw = stream(slow, {"max_tokens": 3, "logit_bias": {"2": -100}})
+def test_keepalive_comments_between_slow_tokens(slow_steps):
+    raw = stream(slow_steps, {"max_tokens": 3, "logit_bias": {"2": -100}})
     frames = [f for _, f in raw.frames()]
     raw.close()
     assert frames[-1] == "data: [DONE]"
@@ -49,8 +44,8 @@ def test_keepalive_comments_between_slow_tokens(slow):
     assert "k" in between and set(between) == {"k"}
 
 
-def test_disconnect_mid_stream_frees_the_slot(slow):
-    raw = stream(slow, {"max_tokens": 500, "logit_bias": {"2": -100}})
+def test_disconnect_mid_stream_frees_the_slot(slow_steps):
+    raw = stream(slow_steps, {"max_tokens": 500, "logit_bias": {"2": -100}})
     frames = raw.frames()
     next(frames)  # role chunk
     for _, frame in frames:
@@ -58,13 +53,13 @@ def test_disconnect_mid_stream_frees_the_slot(slow):
             break
     raw.close()  # 500 x 0.4 s of generation left: only a stop frees the slot
     started = time.monotonic()
-    response = slow.post(CHAT, {"model": "tiny", "messages": HELLO, "max_tokens": 1})
+    response = slow_steps.post(CHAT, {"model": "tiny", "messages": HELLO, "max_tokens": 1})
     waited = time.monotonic() - started
     assert response.status_code == 200
     assert waited < 3.0, f"the next request waited {waited:.1f} s for the slot"
     time.sleep(0.3)
-    assert '"outcome": "client_gone"' in slow.logs()
-    assert metric(slow, "kronk_active_generations", model="tiny") == 0
+    assert '"outcome": "client_gone"' in slow_steps.logs()
+    assert metric(slow_steps, "kronk_active_generations", model="tiny") == 0
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +134,6 @@ def test_admission_wait_ends_when_a_place_frees(tight):
     with ThreadPoolExecutor(2) as pool:
         first, second = pool.map(call, [(0, 5), (0.1, 1)])  # 0.5 s of work < 1 s admission wait
     assert (first.status_code, second.status_code) == (200, 200)
-
-
-@pytest.fixture(scope="module")
-def failing(tiny_model, tmp_path_factory):
-    """The engine fails on the 3rd decode step."""
-    env = faulty_env(tiny_model, KRONK_TEST_FAIL_AFTER=3)
-    with run_server(tmp_path_factory.mktemp("failing"), env) as server:
-        yield server
 
 
 def test_engine_failure_is_an_in_band_error(failing):

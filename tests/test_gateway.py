@@ -11,7 +11,7 @@ from kronk_wsgi.testing import metric, run_server
 from kronk_wsgi.testing.balancers import run_router
 from kronk_wsgi.testing.rawhttp import RawStream
 
-from .test_flow_control import faulty_env
+from .conftest import faulty_env
 
 SGLANG_CHAT = {"no_stop_trim": False, "ignore_eos": False, "continue_final_message": False,
                "skip_special_tokens": True, "separate_reasoning": True, "stream_reasoning": True,

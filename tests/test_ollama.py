@@ -23,7 +23,7 @@ from kronk_wsgi.testing.rawhttp import RawStream
 
 from .support.hub import FakeHub
 from .support.scripted import run_scripted
-from .test_flow_control import faulty_env, metric
+from .conftest import metric
 
 REPO = "someone/tiny-GGUF"
 WEATHER = {"type": "function", "function": {
@@ -271,15 +271,6 @@ def test_pull_from_the_hub_then_chat_list_copy_and_delete(hubbed):
     assert caught.value.status_code == 400 and "configuration" in caught.value.error
 
 
-@pytest.fixture(scope="module")
-def slow(tiny_model, tmp_path_factory):
-    """0.3 s per token, keep-alive every 0.1 s, no EOS; one place, 1 s admission wait."""
-    env = faulty_env(tiny_model, KRONK_TEST_STEP_DELAY=0.3, KRONK_TEST_NO_EOS=1, KRONK_KEEPALIVE_INTERVAL=0.1,
-                     KRONK_QUEUE_DEPTH=1, KRONK_ADMISSION_TIMEOUT=1)
-    with run_server(tmp_path_factory.mktemp("slow"), env) as server:
-        yield server
-
-
 def chat_stream(server, tokens: int) -> RawStream:
     return RawStream(server.host, server.port, "/api/chat",
                      {"model": "tiny", "messages": ASK, "options": {"num_predict": tokens}})
@@ -311,13 +302,6 @@ def test_a_client_gone_frees_the_place_and_overload_is_429(slow):
     assert metric(slow, "kronk_active_generations", model="tiny") == 0
     assert metric(slow, "kronk_requests_total", route="/api/chat", model="tiny", status="200",
                   outcome="client_gone") >= 1
-
-
-@pytest.fixture(scope="module")
-def failing(tiny_model, tmp_path_factory):
-    env = faulty_env(tiny_model, KRONK_TEST_FAIL_AFTER=3, KRONK_TEST_NO_EOS=1)
-    with run_server(tmp_path_factory.mktemp("failing"), env) as server:
-        yield server
 
 
 def test_an_engine_failure_after_the_first_line_is_one_more_line(failing):

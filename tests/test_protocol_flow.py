@@ -12,9 +12,8 @@ import time
 import pytest
 import requests
 
-from .conftest import run_server
 from kronk_wsgi.testing.rawhttp import RawStream
-from .test_flow_control import faulty_env, metric
+from .conftest import faulty_env, metric, run_server
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 PROTOCOLS = {
@@ -50,15 +49,6 @@ def payload(frame: str) -> dict:
     return json.loads(frame.split("data: ", 1)[1])
 
 
-@pytest.fixture(scope="module")
-def slow(tiny_model, tmp_path_factory):
-    """0.3 s per token, keep-alive every 0.1 s, no EOS; one place, 1 s admission wait."""
-    env = faulty_env(tiny_model, KRONK_TEST_STEP_DELAY=0.3, KRONK_TEST_NO_EOS=1, KRONK_KEEPALIVE_INTERVAL=0.1,
-                     KRONK_QUEUE_DEPTH=1, KRONK_ADMISSION_TIMEOUT=1)
-    with run_server(tmp_path_factory.mktemp("slow"), env) as server:
-        yield server
-
-
 @pytest.mark.parametrize("protocol", ALL)
 def test_keepalives_between_slow_tokens(slow, protocol):
     raw = open_stream(slow, protocol, 3)
@@ -89,14 +79,6 @@ def test_disconnect_frees_the_slot_and_overload_is_429_in_shape(slow, protocol):
     assert post(slow, protocol, 1).status_code == 200
     assert time.monotonic() - started < 3.0
     assert metric(slow, "kronk_active_generations", model="tiny") == 0
-
-
-@pytest.fixture(scope="module")
-def failing(tiny_model, tmp_path_factory):
-    """The engine fails on the 3rd decode step."""
-    env = faulty_env(tiny_model, KRONK_TEST_FAIL_AFTER=3, KRONK_TEST_NO_EOS=1)
-    with run_server(tmp_path_factory.mktemp("failing"), env) as server:
-        yield server
 
 
 @pytest.mark.parametrize("protocol", ALL)

@@ -26,8 +26,8 @@ from .protocol import Protocol
 from .response import Encoder, respond, watched
 from .schemas import (
     CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
-    ServiceTier, Strict, User, custom_input, json_object, refuse_given, template_role, template_tool,
-    template_tool_call,
+    ServiceTier, Strict, User, custom_arguments, custom_input, json_object, refuse_given, template_role,
+    template_tool, template_tool_call,
 )
 from .sessions import start_generation, start_later
 from .sse import sse
@@ -356,16 +356,13 @@ class ResponsesRequest(Strict):
                 if isinstance(item.content, list) and any(getattr(p, "prompt_cache_breakpoint", None)
                                                           for p in item.content):
                     breaks.append(len(messages))
-            elif isinstance(item, FunctionCallItem):
-                call = template_tool_call(item.call_id, item.name, json_object(item.arguments, "arguments"))
+            elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
+                arguments = json_object(item.arguments, "arguments") if isinstance(item, FunctionCallItem) \
+                    else custom_arguments(item.input)
                 if not messages or messages[-1]["role"] != "assistant":
                     messages.append({"role": "assistant", "content": ""})
-                messages[-1].setdefault("tool_calls", []).append(call)
-            elif isinstance(item, CustomToolCallItem):
-                call = template_tool_call(item.call_id, item.name, {"input": item.input})
-                if not messages or messages[-1]["role"] != "assistant":
-                    messages.append({"role": "assistant", "content": ""})
-                messages[-1].setdefault("tool_calls", []).append(call)
+                messages[-1].setdefault("tool_calls", []).append(template_tool_call(item.call_id, item.name,
+                                                                                    arguments))
             elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
                 text = _tool_output_text(item.output)
                 messages.append({"role": "tool", "content": text, "tool_call_id": item.call_id})
@@ -532,7 +529,7 @@ def _call_arguments(item: dict) -> Any:
     """A call item's arguments as chat templates take them: an object, or the text of one cut off by the token
     limit, as it was written."""
     if item["type"] == "custom_tool_call":
-        return {"input": item["input"]}
+        return custom_arguments(item["input"])
     try:
         return json.loads(item["arguments"])
     except ValueError:

@@ -134,6 +134,12 @@ class CustomToolSpec(Strict):
         return {"type": "object", "properties": {"input": text}, "required": ["input"], "additionalProperties": False}
 
 
+def custom_arguments(text: str) -> dict:
+    """A custom tool call's input as the arguments of the function the tool is offered as (``custom_input``
+    reads it back)."""
+    return {"input": text}
+
+
 def custom_input(arguments: str, complete: bool) -> str:
     """A custom tool's input, from its call's arguments: the string of the one argument (a cut-off call: the
     text so far)."""
@@ -220,7 +226,8 @@ class ChatMessage(Strict):
         if self.tool_calls:
             message["tool_calls"] = [
                 template_tool_call(c.id, c.function.name, json.loads(c.function.arguments))
-                if isinstance(c, ChatToolCall) else template_tool_call(c.id, c.custom.name, {"input": c.custom.input})
+                if isinstance(c, ChatToolCall) else template_tool_call(c.id, c.custom.name,
+                                                                       custom_arguments(c.custom.input))
                 for c in self.tool_calls
             ]
         if self.function_call is not None:

@@ -57,7 +57,7 @@ def diagnose(body: Any, message_id: str) -> Optional[dict]:
     """Keep this request's fingerprint and compare it with the previous message's: the message's
     ``diagnostics`` (None: nothing diverged)."""
     kronk, owner = state(), record().owner
-    current = fingerprint(body)
+    current = offload.call(kronk.body_thread, fingerprint, body)  # digests of the whole conversation
     previous_id = body.diagnostics.previous_message_id
     try:
         previous = (offload.call(kronk.store_thread, kronk.responses.fingerprint, previous_id, owner)

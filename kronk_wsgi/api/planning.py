@@ -222,19 +222,29 @@ def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[P
     points = [cache.key_branch(request.cache_key, tokens)] if request.cache_key is not None else []
     if not request.cache_breaks or not isinstance(prompt, RenderedPrompt):
         return tuple(points)
-    tools = request.tools.tools if request.tools else None
+    tools = list(request.tools.tools) if request.tools else None
     for count in sorted(set(request.cache_breaks)):
         if count >= len(request.messages):
             points.append(len(tokens))  # the whole prompt: saved with its answer
             continue
-        try:
-            head = offload.call(model.prep, model.template.render, request.messages[:count],
-                                list(tools) if tools else None, request.thinking)
-        except ChatTemplateError:
-            continue
-        text = os.path.commonprefix([head.text, prompt.text])
-        points.append(shared_prefix(model.tokenize(text, inert=prompt.inert), tokens))
+        # In the model's preparation thread: a render, a tokenize and a comparison of tens of thousands of tokens.
+        point = offload.call(model.prep, _break_point, model, request.messages[:count], tools, request.thinking,
+                             prompt, tokens)
+        if point is not None:
+            points.append(point)
     return tuple(points)
+
+
+def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict]], thinking: Optional[bool],
+                 prompt: RenderedPrompt, tokens: list[int]) -> Optional[int]:
+    """How many of the prompt's ``tokens`` the conversation's first messages, ``head``, run through; None if the
+    template cannot render them alone."""
+    try:
+        rendered = model.template.render(head, tools, thinking)
+    except ChatTemplateError:
+        return None
+    text = os.path.commonprefix([rendered.text, prompt.text])
+    return shared_prefix(model.engine.tokenizer.prompt(text, True, prompt.inert), tokens)
 
 
 def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> EmbeddingJob:

@@ -191,3 +191,21 @@ def test_a_chain_is_continued_whole(tmp_path):
     store.put({"id": "resp_2"}, "o", "resp_1", [{"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}])
     assert [m["content"] for m in store.conversation("resp_2", "o")] == ["a", "b", "c", "d"]
     assert store.delete("resp_2", "other") is False and store.delete("resp_2", "o") is True
+
+
+def test_background_events_count_in_the_byte_budget_and_go_with_their_response(tmp_path):
+    store = ResponseStore(tmp_path / "r.db", keep=1000, max_bytes=30_000)
+    for turn in range(10):
+        response_id = f"resp_{turn}"
+        store.put({"id": response_id, "status": "completed"}, "owner", None, [])
+        store.add_events(response_id, [(sequence, "x" * 500) for sequence in range(10)])  # 5,000 bytes each
+    store.put({"id": "resp_last", "status": "completed"}, "owner", None, [])  # the budget is looked at here
+    db = sqlite3.connect(tmp_path / "r.db")
+    responses = db.execute("SELECT SUM(size) FROM stored_responses").fetchone()[0]
+    events = db.execute("SELECT SUM(length(frame)) FROM background_events").fetchone()[0]
+    assert responses + events <= 30_000 and store.get("resp_0", "owner") is None
+    assert len(store.events("resp_9", "owner", -1)) == 10  # the newest keep theirs
+    assert db.execute("SELECT COUNT(*) FROM background_events WHERE id = 'resp_0'").fetchone()[0] == 0
+    assert store.delete("resp_9", "owner") and store.events("resp_9", "owner", -1) == []
+    kept = db.execute("SELECT SUM(bytes) FROM background_event_bytes").fetchone()[0]
+    assert kept == db.execute("SELECT SUM(length(frame)) FROM background_events").fetchone()[0]

@@ -43,6 +43,10 @@ CREATE TABLE IF NOT EXISTS background_events (
     frame TEXT NOT NULL,       -- the event as it went out (an SSE frame)
     PRIMARY KEY (id, sequence)
 );
+CREATE TABLE IF NOT EXISTS background_event_bytes (
+    id TEXT PRIMARY KEY,       -- a background response with stored events
+    bytes INTEGER NOT NULL     -- what its events hold: the budget counts it without reading every event
+);
 """
 
 # A conversation is the chain of its responses, newest first: the one asked for, and each it continues.
@@ -102,9 +106,10 @@ class ResponseStore:
             beyond = db.execute("DELETE FROM stored_responses WHERE created <= (SELECT created FROM "
                                 "stored_responses ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,)).rowcount
             if beyond:
-                db.execute("DELETE FROM background_events WHERE id NOT IN (SELECT id FROM stored_responses)")
+                for table in ("background_events", "background_event_bytes"):
+                    db.execute(f"DELETE FROM {table} WHERE id NOT IN (SELECT id FROM stored_responses)")
             total = db.execute("SELECT COALESCE(SUM(size), 0) FROM stored_responses").fetchone()[0] + \
-                db.execute("SELECT COALESCE(SUM(length(frame)), 0) FROM background_events").fetchone()[0]
+                db.execute("SELECT COALESCE(SUM(bytes), 0) FROM background_event_bytes").fetchone()[0]
             while total > self.max_bytes:
                 oldest = db.execute("SELECT id, size FROM stored_responses ORDER BY created LIMIT 64").fetchall()
                 for response_id, size in oldest:
@@ -152,10 +157,14 @@ class ResponseStore:
 
     def add_events(self, response_id: str, frames: list[tuple[int, str]]) -> None:
         """Keep a background response's stream events (sequence number, frame), for clients that resume it."""
+        if not frames:
+            return
         db = self._connection()
         with db:
             db.executemany("INSERT OR REPLACE INTO background_events VALUES (?, ?, ?)",
                            [(response_id, sequence, frame) for sequence, frame in frames])
+            db.execute("INSERT INTO background_event_bytes VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET "
+                       "bytes = bytes + excluded.bytes", (response_id, sum(len(frame) for _, frame in frames)))
 
     def events(self, response_id: str, owner: str, after: int) -> list[tuple[int, str]]:
         """The owner's background response's stream events after sequence number ``after``, in order."""
@@ -177,7 +186,8 @@ class ResponseStore:
     @staticmethod
     def _forget_events(db: sqlite3.Connection, response_id: str) -> int:
         """Delete a response's stream events; the bytes they held."""
-        held = db.execute("SELECT COALESCE(SUM(length(frame)), 0) FROM background_events WHERE id = ?",
+        held = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM background_event_bytes WHERE id = ?",
                           (response_id,)).fetchone()[0]
         db.execute("DELETE FROM background_events WHERE id = ?", (response_id,))
+        db.execute("DELETE FROM background_event_bytes WHERE id = ?", (response_id,))
         return held

@@ -9,10 +9,11 @@ from flask import Blueprint
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
 )
+from ..serving.tool_calls import custom_input
 from .body import parse_body
 from .protocol import Protocol
 from .response import Encoder, respond
-from .schemas import ChatCompletionRequest, custom_input
+from .schemas import ChatCompletionRequest
 from .sessions import start_generation
 from .sse import DONE, sse
 from .state import record

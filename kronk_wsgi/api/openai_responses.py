@@ -17,6 +17,7 @@ from ..serving import offload
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
+from ..serving.tool_calls import custom_arguments, custom_input
 from .background import UNFINISHED, BackgroundRun, resumed
 from .body import parse_body
 from .errors import ApiError, invalid
@@ -26,8 +27,7 @@ from .protocol import Protocol
 from .response import Encoder, respond, watched
 from .schemas import (
     CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
-    ServiceTier, Strict, User, custom_arguments, custom_input, json_object, refuse_given, template_role,
-    template_tool, template_tool_call,
+    ServiceTier, Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
 )
 from .sessions import start_generation, start_later
 from .sse import sse

@@ -7,6 +7,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import SamplingParams
+from ..serving.tool_calls import custom_arguments
 from .errors import invalid
 from .planning import JSON_OBJECT, MAX_CHOICES, MAX_PATTERN_LENGTH, GenerationRequest, ReplyFormat, ToolUse
 
@@ -132,21 +133,6 @@ class CustomToolSpec(Strict):
         elif isinstance(self.format, CustomGrammarFormat):
             text["pattern"] = f"^(?:{self.format.definition})$"
         return {"type": "object", "properties": {"input": text}, "required": ["input"], "additionalProperties": False}
-
-
-def custom_arguments(text: str) -> dict:
-    """A custom tool call's input as the arguments of the function the tool is offered as (``custom_input``
-    reads it back)."""
-    return {"input": text}
-
-
-def custom_input(arguments: str, complete: bool) -> str:
-    """A custom tool's input, from its call's arguments: the string of the one argument (a cut-off call: the
-    text so far)."""
-    if not complete:
-        return arguments
-    value = json.loads(arguments).get("input", "")
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 class ChatTool(Strict):

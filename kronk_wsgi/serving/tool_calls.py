@@ -94,7 +94,8 @@ def call_grammar(
     if forced and name is not None:  # the opening ends with the call's head
         body = arguments(name)
     else:
-        body = "(" + " | ".join(f"{head(t['function']['name'])} {arguments(t['function']['name'])}" for t in tools) + ")"
+        names = [t["function"]["name"] for t in tools]
+        body = "(" + " | ".join(f"{head(tool)} {arguments(tool)}" for tool in names) + ")"
     if syntax.close is None:  # [TOOL_CALLS][{call}, {call}]
         if forced:
             return lark_grammar(f'start: {body} "]"\n')
@@ -120,6 +121,21 @@ class ToolCallRules:
     raw_inputs: frozenset[str] = frozenset()  # the tools called in the raw form
 
 
+def custom_arguments(text: str) -> dict:
+    """A custom tool's input as the arguments of the function the tool is offered as (a raw-input call's, too;
+    ``custom_input`` reads it back)."""
+    return {"input": text}
+
+
+def custom_input(arguments: str, complete: bool) -> str:
+    """A custom tool's input, from its call's arguments: the string of the one argument (a cut-off call: the
+    text so far)."""
+    if not complete:
+        return arguments
+    value = json.loads(arguments).get("input", "")
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _raw_call(body: str, rules: ToolCallRules) -> Optional[ToolCall]:
     """A raw-input call (its head line, then its input), if the body is one of a tool called so."""
     head, _, text = body.partition("\n")
@@ -129,7 +145,7 @@ def _raw_call(body: str, rules: ToolCallRules) -> Optional[ToolCall]:
         return None
     if not isinstance(value, dict) or value.keys() != {"name"} or value["name"] not in rules.raw_inputs:
         return None
-    arguments = {"input": text.removesuffix("\n")}
+    arguments = custom_arguments(text.removesuffix("\n"))
     if not rules.accept(value["name"], arguments):
         return None
     return ToolCall(uuid.uuid4().hex[:24], value["name"], json.dumps(arguments, ensure_ascii=False))

@@ -343,22 +343,28 @@ class CountTokensRequest(Strict):
         return self
 
     def template_messages(self) -> list[dict]:
-        """The conversation as chat templates take it, with the context-management edits applied.
+        """The conversation as chat templates take it, with the context-management edits applied."""
+        return self._template()[0]
+
+    def _template(self) -> tuple[list[dict], list[int]]:
+        """The conversation as chat templates take it, and how many of its messages run through the end of each
+        of the request's messages.
 
         Earlier turns' thinking never enters the prompt, so ``clear_thinking`` changes nothing more;
         ``clear_tool_uses`` replaces the oldest tool results (all but ``keep``, 3 by default) once the
         conversation passes its ``trigger`` (100,000 input tokens by default, estimated at 4 characters a token).
         """
-        messages = []
+        messages, ends = [], []
         if self.system is not None:
             system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system)
             messages.append({"role": "system", "content": system})
         for message in self.messages:
             messages.extend(message.for_template())
+            ends.append(len(messages))
         for edit in self.context_management.edits if self.context_management else ():
             if edit.type.startswith("clear_tool_uses"):
                 _clear_tool_uses(messages, edit)
-        return messages
+        return messages, ends
 
     def offered_tools(self) -> list[Tool]:
         return [t for t in self.tools or () if isinstance(t, Tool)]
@@ -436,7 +442,7 @@ class MessagesRequest(CountTokensRequest):
 
     def generation_request(self) -> GenerationRequest:
         """What the body asks for, as the planner takes it. A final assistant message is continued (a prefill)."""
-        messages = self.template_messages()
+        messages, ends = self._template()
         output_format = self.output_config.format if self.output_config else None
         return GenerationRequest(
             self.model, prompt_param="messages", messages=messages, tools=self.tool_use(),
@@ -447,22 +453,22 @@ class MessagesRequest(CountTokensRequest):
             thinking_budget=self.thinking.budget_tokens if isinstance(self.thinking, ThinkingEnabled) else None,
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0),
             stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens, not_offered=self.not_offered(),
-            cache_breaks=self.cache_breaks(),
+            cache_breaks=self.cache_breaks(ends),
         )
 
-    def cache_breaks(self) -> tuple[int, ...]:
-        """The cache_control breakpoints, as how many template messages the cached prefix runs through: the
-        tools and system (a tool's or a system block's), a message's end (one of its blocks'), and the whole
-        prompt (the request's own, Anthropic's automatic caching)."""
-        count = 0 if self.system is None else 1
+    def cache_breaks(self, ends: list[int]) -> tuple[int, ...]:
+        """The cache_control breakpoints, as how many template messages the cached prefix runs through (``ends``:
+        how many run through each message's end): the tools and system (a tool's or a system block's), a
+        message's end (one of its blocks'), and the whole prompt (the request's own, Anthropic's automatic
+        caching)."""
         system = self.system if isinstance(self.system, list) else []
-        breaks = [count] if any(getattr(b, "cache_control", None) for b in [*(self.tools or ()), *system]) else []
-        for message in self.messages:
-            count += len(message.for_template())
+        head = [0 if self.system is None else 1]
+        breaks = head if any(getattr(b, "cache_control", None) for b in [*(self.tools or ()), *system]) else []
+        for message, end in zip(self.messages, ends):
             if isinstance(message.content, list) and any(getattr(b, "cache_control", None) for b in message.content):
-                breaks.append(count)
+                breaks.append(end)
         if self.cache_control is not None:
-            breaks.append(count)
+            breaks.append(ends[-1])
         return tuple(breaks)
 
 

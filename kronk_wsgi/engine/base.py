@@ -37,9 +37,9 @@ def shared_prefix(tokens: Sequence[int], cached: Sequence[int]) -> int:
     return n
 
 
-def _branch(tokens: Sequence[int], held: Sequence[int]) -> int:
-    """Where ``tokens`` part from ``held`` (both go on past it), or 0 if one continues the other."""
-    shared = shared_prefix(tokens, held)
+def _branch(shared: int, tokens: Sequence[int], held: Sequence[int]) -> int:
+    """Where ``tokens`` part from ``held``, given the ``shared`` leading tokens they have in common (both go on
+    past it); 0 if one continues the other."""
     return shared if shared < min(len(tokens), len(held)) else 0
 
 
@@ -98,10 +98,11 @@ class Slot(abc.ABC):
         counts the prompt tokens those saves add beyond the reused ones.
         """
         self.cache_written = 0
-        keep = min(shared_prefix(tokens, self.cached), len(tokens) - 1)
+        shared = shared_prefix(tokens, self.cached)
+        keep = min(shared, len(tokens) - 1)
         pending: list[int] = []
         if self.state_cache is not None:
-            keep, branch = self._restore(tokens, keep)
+            keep, branch = self._restore(tokens, keep, _branch(shared, tokens, self.cached))
             # A point at or past the last token would save none of this prompt's work.
             pending = sorted(p for p in {branch, *save_at} if max(keep, MIN_TOKENS) <= p < len(tokens))
         keep = self.reusable(keep)
@@ -124,12 +125,12 @@ class Slot(abc.ABC):
             start = end
         return keep
 
-    def _restore(self, tokens: Sequence[int], keep: int) -> tuple[int, int]:
+    def _restore(self, tokens: Sequence[int], keep: int, branch: int) -> tuple[int, int]:
         """Before a prompt overwrites what the slot holds, save that (if it is worth it and not saved yet); then
-        restore the saved state that shares most with the prompt, if it shares more than the slot. The tokens
-        kept, and where the prompt branches off the sequence it shares them with (0: it does not)."""
+        restore the saved state that shares most with the prompt, if it shares more than the slot (``branch``:
+        where the prompt parts from the slot's tokens). The tokens kept, and where the prompt branches off the
+        sequence it shares them with (0: it does not)."""
         cache = self.state_cache
-        branch = _branch(tokens, self.cached)
         if len(self.cached) - keep >= MIN_TOKENS:
             self.keep_state(waited_for=True)
         found = cache.find(tokens)
@@ -141,7 +142,7 @@ class Slot(abc.ABC):
         except EngineError:
             self.cached.clear()  # the cache may hold anything now
             return 0, 0
-        return min(shared, len(tokens) - 1), _branch(tokens, saved)
+        return min(shared, len(tokens) - 1), _branch(shared, tokens, saved)
 
     def reusable(self, keep: int) -> int:
         """How much of ``keep`` cached tokens the next ones can follow: all of them in a full cache; in a

@@ -9,7 +9,7 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -112,6 +112,10 @@ class Settings(BaseModel):
     prompt_cache_ram_mb: Optional[int] = Field(None, ge=0)
     prompt_cache_dir: Optional[str] = None  # default: prompt-cache in the cache directory
     prompt_cache_disk_mb: int = Field(4096, ge=0)
+    # Whose prompts may reuse whose cached prefixes: "key", each API key's its own (with no api_keys, everyone's
+    # together); "shared", every key's together (one tenant with many keys). Timing and cached_tokens would
+    # otherwise tell one key what another sent.
+    prompt_cache_scope: Literal["key", "shared"] = "key"
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")

@@ -1,7 +1,9 @@
 """The prompt cache: saved slot states found by their longest prefix, in RAM and on disk within budgets, never
 restored when foreign, corrupt or truncated; on the real llama.cpp engine, restoring equals recomputing."""
 
+import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -95,6 +97,88 @@ def test_the_disk_budget_holds_under_a_stream_of_conversations(tmp_path):
         cache.put(tokens(100 + i, 2 * BLOCK), state(19_000, i))
     assert sum(f.stat().st_size for f in Path(cache.disk_dir).iterdir()) <= 5 * 20_000
     assert cache.take_counts().evicted_disk >= 15
+
+
+def test_a_scope_never_finds_another_scopes_prefixes(tmp_path):
+    cache = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)
+    memo = tokens(20, 4 * BLOCK)
+    cache.put(memo, state(1000, 1), scope="key a")
+    assert cache.find(memo + tokens(21, 5), "key b") is None
+    assert cache.find(memo + tokens(21, 5)) is None  # no scope is a scope of its own too
+    assert not cache.holds(memo, "key b") and cache.holds(memo, "key a")
+    other_worker = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)  # the scope is kept on disk with the entry
+    assert other_worker.find(memo, "key b") is None and other_worker.find(memo, "key a")[0] == len(memo)
+    assert cache.key_branch("k", memo, "key a") == 0 and cache.key_branch("k", memo[:3 * BLOCK] + tokens(22, BLOCK),
+                                                                        "key b") == 0
+
+
+def test_a_prompt_waits_for_an_entry_another_worker_announced(tmp_path):
+    conversation = tokens(30, 3 * BLOCK + 7)
+    writer = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)
+    reader = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)
+    writer.announce(conversation, "k")
+    later = threading.Timer(0.3, writer.put, (conversation, state(5000, 9)), {"scope": "k"})
+    later.start()
+    shared, _, saved = reader.find(conversation + tokens(31, 20), "k")
+    assert shared == len(conversation) and saved == state(5000, 9)
+    assert not list(Path(writer.disk_dir).glob("*.pending"))
+    writer.announce(tokens(32, 2 * BLOCK), "k")  # its writer died: once stale, nobody waits for it
+    (pending,) = Path(writer.disk_dir).glob("*.pending")
+    os.utime(pending, (time.time() - 60, time.time() - 60))
+    assert reader.find(tokens(32, 2 * BLOCK), "k") is None and not pending.exists()
+    writer.announce(tokens(33, 2 * BLOCK))
+    writer.withdraw(tokens(33, 2 * BLOCK))  # its state could not be saved
+    assert not list(Path(writer.disk_dir).glob("*.pending"))
+
+
+def test_files_nobody_should_trust_are_skipped_counted_and_told_once(tmp_path):
+    writer = PromptCache("model a", 0, tmp_path, 100 * MB)
+    victim = tokens(40, 3 * BLOCK)
+    writer.put(victim, state(20_000, 3))
+    (genuine,) = Path(writer.disk_dir).glob("*" + SUFFIX)
+    data = genuine.read_bytes()
+    forged = data[:-32 - 20_000] + state(20_000, 6)  # another answer's state, its checksum recomputed
+    genuine.write_bytes(forged + hashlib.sha256(forged).digest())
+    directory = Path(writer.disk_dir)
+    (directory / "zz-not-hex.kv").write_bytes(b"x")
+    os.mkfifo(directory / ("ab" * 16 + SUFFIX))
+    (directory / ("cd" * 16 + SUFFIX)).mkdir()
+    huge = bytearray(data[:len(data) - 32 - 20_000 - 4 * len(victim)])
+    huge[-16:-8] = (2 ** 61).to_bytes(8, "little")  # a header claiming 2^61 tokens
+    (directory / ("ef" * 16 + SUFFIX)).write_bytes(bytes(huge) + b"\0" * 64)
+    reader = PromptCache("model a", 0, tmp_path, 100 * MB)
+    for _ in range(2):
+        assert reader.find(victim) is None
+    counts = reader.take_counts()
+    assert counts.corrupt == 5 and len(counts.problems) == 5
+    assert reader.take_counts().problems == []  # told once
+    reader.put(victim, state(20_000, 3))  # the cleanup steps over what it cannot remove
+    assert reader.find(victim) == (len(victim), tuple(victim), state(20_000, 3))
+    assert sorted(p.name for p in directory.iterdir() if not p.name.startswith(".")) == sorted(
+        [genuine.name, "ab" * 16 + SUFFIX, "cd" * 16 + SUFFIX])
+
+
+def test_the_key_file_is_the_owners_alone(tmp_path):
+    PromptCache("model a", 0, tmp_path, 100 * MB)
+    key = tmp_path / ".key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    key.chmod(0o644)
+    cache = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)  # a key others can read: no disk tier at all
+    assert cache.disk_dir is None and "the disk tier is off" in cache.take_counts().problems[0]
+
+
+def test_one_disk_budget_holds_for_the_whole_directory(tmp_path):
+    old = PromptCache("model a, before its file changed", 0, tmp_path, 10 * 20_000)
+    for i in range(8):
+        old.put(tokens(200 + i, 2 * BLOCK), state(19_000, i))
+    new = PromptCache("model a", 0, tmp_path, 10 * 20_000)
+    other = PromptCache("model b", 0, tmp_path, 10 * 20_000)
+    for i in range(8):
+        new.put(tokens(300 + i, 2 * BLOCK), state(19_000, i))
+        other.put(tokens(400 + i, 2 * BLOCK), state(19_000, i))
+    held = sum(f.stat().st_size for f in tmp_path.glob("*/*" + SUFFIX))
+    assert held <= 10 * 20_000
+    assert not list(Path(old.disk_dir).glob("*" + SUFFIX))  # the oldest, an identity nobody uses, went first
 
 
 needs_llamacpp = pytest.mark.skipif(not llamacpp_engine.available() and not os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP"),
@@ -196,6 +280,28 @@ def test_two_workers_serve_each_others_conversations_from_the_disk_tier(smollm2,
 
 
 @needs_llamacpp
+def test_a_next_turn_sent_at_once_finds_its_prefix_on_one_worker_and_on_two(smollm2, tmp_path):
+    models = '{"smol": {"path": "%s", "engine": "llama.cpp", "context_length": 4096}}' % smollm2
+    for workers, parallel in ((1, 2), (2, 1)):
+        env = {"KRONK_MODELS": models, "KRONK_WORKERS": workers, "KRONK_PARALLEL": parallel, "KRONK_THREADS": 1,
+               "KRONK_PROMPT_CACHE_DIR": str(tmp_path / f"cache-{workers}")}
+        (tmp_path / f"server-{workers}").mkdir()
+        with run_server(tmp_path / f"server-{workers}", env) as server:
+            client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+            for topic in ("lighthouses", "glaciers"):  # each turn sent as soon as the last answer arrived
+                prompt = f"Facts about {topic} and the people who studied them. " * 150
+                first = client.chat.completions.create(model="smol", max_tokens=4, temperature=0,
+                                                       messages=[{"role": "user", "content": prompt}])
+                second = client.chat.completions.create(model="smol", max_tokens=4, temperature=0,
+                                                        messages=[{"role": "user", "content": prompt + " and more"}])
+                assert first.usage.prompt_tokens > 1200
+                assert second.usage.prompt_tokens_details.cached_tokens >= 0.95 * first.usage.prompt_tokens, (
+                    workers, topic)
+            if workers == 1:  # the next turn took the slot that held its prefix: nothing was restored
+                assert metric(server, "kronk_prompt_cache_events_total", model="smol", event="hits") == 0
+
+
+@needs_llamacpp
 def test_a_sliding_window_model_reuses_prefixes_and_recomputes_what_its_window_dropped(gemma3, tmp_path):
     engine = llamacpp_engine.LlamaCppEngine("gemma", gemma3, context_length=4096)
     (slot,) = engine.new_slots(1, 2)
@@ -246,6 +352,7 @@ def test_a_shared_prefix_is_saved_where_conversations_part_and_at_a_breakpoint(s
     answer, _, reused = greedy(slot, second, 8)
     parted = reused  # where the second left the first: the system prompt and what the two questions share
     assert len(system) <= parted < len(second) and cache.holds(second[:parted])
+    fresh.prefill(second[:parted])  # the same calls on a fresh slot (a batch's split changes the last bits)
     assert answer == greedy(fresh, second, 8)[0]
     assert cache.take_counts().saved == 2  # the first conversation, and the prefix the two share
     third = system + tokenizer.encode(" Was the light ever moved?")

@@ -118,6 +118,7 @@ class GenerationRequest:
     # sent with the same key (OpenAI's prompt_cache_key).
     cache_breaks: tuple[int, ...] = ()
     cache_key: Optional[str] = None
+    cache_scope: str = ""  # whose cached prefixes the prompt may reuse (Slot.enter); set by the server, not a client
 
     @property
     def calls_tools(self) -> bool:
@@ -211,7 +212,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs,
     )
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
-    return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at)
+    return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at, request.cache_scope)
 
 
 def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[Prompt, RenderedPrompt],
@@ -219,7 +220,7 @@ def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[P
     """The prompt lengths at which the request's hints say its prefix is worth saving (``cache_breaks``,
     ``cache_key``). A break whose messages the template cannot render alone is no hint."""
     cache = model.prompt_cache
-    points = [cache.key_branch(request.cache_key, tokens)] if request.cache_key is not None else []
+    points = [cache.key_branch(request.cache_key, tokens, request.cache_scope)] if request.cache_key is not None else []
     if not request.cache_breaks or not isinstance(prompt, RenderedPrompt):
         return tuple(points)
     tools = list(request.tools.tools) if request.tools else None
@@ -247,7 +248,8 @@ def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict
     return shared_prefix(model.engine.tokenizer.prompt(text, True, prompt.inert), tokens)
 
 
-def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> EmbeddingJob:
+def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, truncate: bool = False,
+                   scope: str = "") -> EmbeddingJob:
     """The job that embeds each input on ``model``; 400 if one does not fit its context, unless ``truncate``
     keeps the tokens that fit."""
     context = model.engine.context_length
@@ -263,7 +265,7 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, tru
             raise invalid(f"input {index} has {len(tokens)} tokens; this model's context is {context}",
                           param=param, code="context_length_exceeded")
         token_lists.append(tokens)
-    return EmbeddingJob(token_lists)
+    return EmbeddingJob(token_lists, scope)
 
 
 def render_chat(

@@ -5,12 +5,12 @@ Fernet (AES-128-CBC with HMAC-SHA256, from the cryptography package) under one k
 cache directory, readable by its owner only, and made by whichever worker needs it first.
 """
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 from cryptography.fernet import Fernet, InvalidToken
+
+from ..keyfile import owner_only_key
 
 
 class Sealer:
@@ -22,18 +22,7 @@ class Sealer:
 
     def _key(self) -> Fernet:
         if self._fernet is None:
-            if not self.path.exists():
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd, temporary = tempfile.mkstemp(dir=self.path.parent)  # 0600
-                try:
-                    os.write(fd, Fernet.generate_key())
-                    os.close(fd)
-                    os.link(temporary, self.path)  # the first worker's key wins; the others read it
-                except FileExistsError:
-                    pass
-                finally:
-                    os.unlink(temporary)
-            self._fernet = Fernet(self.path.read_bytes().strip())
+            self._fernet = Fernet(owner_only_key(self.path, Fernet.generate_key))
         return self._fernet
 
     def seal(self, text: str) -> str:

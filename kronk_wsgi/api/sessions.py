@@ -6,6 +6,7 @@ real HTTP errors.
 """
 
 import contextlib
+import dataclasses
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -61,6 +62,7 @@ def start_generation(request: GenerationRequest) -> Session:
     """Check, admit and plan one generation; return its not yet started session."""
     record().not_offered = request.not_offered
     offload.call(state().body_thread, check, request)  # schemas may take time to check: off the event loop
+    request = dataclasses.replace(request, cache_scope=cache_scope())
     return _start(request.model, lambda model: plan(model, request))
 
 
@@ -71,6 +73,7 @@ def start_later(request: GenerationRequest) -> Callable[[Callable[[], bool]], Se
     record().not_offered = request.not_offered
     kronk = state()
     offload.call(kronk.body_thread, check, request)
+    request = dataclasses.replace(request, cache_scope=cache_scope())
     if kronk.pool.drain.started:
         raise shutting_down()
     model = claim_model(request.model)
@@ -96,7 +99,14 @@ def start_later(request: GenerationRequest) -> Callable[[Callable[[], bool]], Se
 
 def start_embedding(model_id: str, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> Session:
     """Admit and plan the embedding of ``inputs`` (with ``truncate``, cut to the context); return its session."""
-    return _start(model_id, lambda model: plan_embedding(model, inputs, param, truncate))
+    scope = cache_scope()
+    return _start(model_id, lambda model: plan_embedding(model, inputs, param, truncate, scope))
+
+
+def cache_scope() -> str:
+    """Whose cached prompt prefixes the request may reuse: its API key's own, unless prompt_cache_scope shares
+    them (see Slot.enter)."""
+    return record().owner if state().settings.prompt_cache_scope == "key" else ""
 
 
 def shutting_down() -> ApiError:

@@ -59,6 +59,7 @@ class Slot(abc.ABC):
 
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
+        self.scope = ""  # whose they are: a prompt of another cache scope never continues them (see ``enter``)
         self.state_cache: Optional[PromptCache] = None  # saved states to restore from, where the engine has them
         self.cache_written = 0  # prompt tokens the last prefill saved at its save points, beyond those it reused
 
@@ -133,8 +134,8 @@ class Slot(abc.ABC):
         cache = self.state_cache
         if len(self.cached) - keep >= MIN_TOKENS:
             self.keep_state(waited_for=True)
-        found = cache.find(tokens)
-        if found is None or min(found[0], len(tokens) - 1) <= keep:
+        found = cache.find(tokens, self.scope, better_than=keep)
+        if found is None:
             return keep, branch
         shared, saved, state = found
         try:
@@ -150,6 +151,20 @@ class Slot(abc.ABC):
         a shorter prefix's next tokens would attend to."""
         return keep
 
+    def enter(self, scope: str) -> None:
+        """Work for cache scope ``scope`` (a tenant) from now on: what the slot holds for another scope is saved
+        for that scope's next turn, then dropped, so no prompt of this scope reuses it."""
+        if scope == self.scope:
+            return
+        self.keep_state(waited_for=True)
+        self.cached.clear()
+        self.scope = scope
+
+    def announce_state(self) -> None:
+        """Say that what the slot holds is about to be saved (``keep_state``), for prompts in other processes."""
+        if self.state_cache is not None:
+            self.state_cache.announce(self.cached, self.scope)
+
     def keep_state(self, waited_for: bool = False) -> bool:
         """Save what the slot holds into its state cache, unless it is there already (or too short to be worth it);
         whether it was saved now. A save a prompt is ``waited_for`` leaves its disk write for the next save
@@ -158,12 +173,12 @@ class Slot(abc.ABC):
         if cache is None:
             return False
         saved = False
-        if len(self.cached) >= MIN_TOKENS and not cache.holds(self.cached):
+        if len(self.cached) >= MIN_TOKENS and not cache.holds(self.cached, self.scope):
             try:
-                cache.put(self.cached, self.save_state(), defer_disk=True)
+                cache.put(self.cached, self.save_state(), defer_disk=True, scope=self.scope)
                 saved = True
             except EngineError:
-                pass  # not saved: its next turn evaluates its prompt again
+                cache.withdraw(self.cached, self.scope)  # not saved: its next turn evaluates its prompt again
         if not waited_for:
             cache.write_deferred()
         return saved

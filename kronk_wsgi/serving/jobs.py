@@ -22,6 +22,7 @@ class Job(Protocol):
     """Work for one slot, run in the slot's worker thread as a stream of events ending in Finished."""
 
     prompt_tokens: int
+    scope: str  # whose cached prefixes it may reuse (Slot.enter)
 
     @property
     def prefix(self) -> list[int]:
@@ -29,6 +30,10 @@ class Job(Protocol):
 
     @property
     def completion_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens reused from a cache so far (known once the prefill starts)."""
 
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]: ...
 
@@ -70,8 +75,9 @@ class GenerationJob:
     """
 
     def __init__(self, prompts: list[list[int]], n: int, tokenizer: Tokenizer, decode: DecodeOptions,
-                 reading: ReplyReading = ReplyReading(), save_at: tuple[int, ...] = ()) -> None:
+                 reading: ReplyReading = ReplyReading(), save_at: tuple[int, ...] = (), scope: str = "") -> None:
         self.prompts = prompts
+        self.scope = scope
         self.save_at = save_at  # the first prompt's lengths at which its prefix is saved (Slot.prefill)
         self.n = n
         self.prompt_tokens = sum(len(prompt) for prompt in prompts)
@@ -89,8 +95,13 @@ class GenerationJob:
         # Plain ints the worker thread writes: reading them needs no lock.
         return sum(generation.completion_tokens for generation in self._generations)
 
+    @property
+    def cached_tokens(self) -> int:
+        return sum(generation.cached_tokens for generation in self._generations if generation.choice == 0)
+
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
-        cached = written = 0
+        slot.enter(self.scope)
+        written = 0
         for index, (prompt, choice) in enumerate(itertools.product(self.prompts, range(self.n))):
             generation = Generation(slot, prompt, self.tokenizer, self.decode, context_length, cancelled, choice,
                                     save_at=self.save_at if index == 0 else ())
@@ -98,9 +109,8 @@ class GenerationJob:
             for event in self._reply(generation):
                 yield dataclasses.replace(event, index=index) if index else event
             if choice == 0:
-                cached += generation.cached_tokens
                 written += generation.cache_written
-        yield Finished(Usage(self.prompt_tokens, self.completion_tokens, cached, written))
+        yield Finished(Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens, written))
 
     def _reply(self, generation: Generation) -> Iterator[Event]:
         """One reply's events, ending with its ChoiceEnd."""
@@ -159,9 +169,11 @@ class EmbeddingJob:
     """Embed each input: the final hidden state of its last token, scaled to unit length."""
 
     completion_tokens = 0
+    cached_tokens = 0
 
-    def __init__(self, inputs: list[list[int]]) -> None:
+    def __init__(self, inputs: list[list[int]], scope: str = "") -> None:
         self.inputs = inputs
+        self.scope = scope
         self.prompt_tokens = sum(len(tokens) for tokens in inputs)
 
     @property
@@ -169,6 +181,7 @@ class EmbeddingJob:
         return self.inputs[0]
 
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
+        slot.enter(self.scope)
         for index, tokens in enumerate(self.inputs):
             slot.prefill(tokens, cancelled)
             vector = slot.embedding()

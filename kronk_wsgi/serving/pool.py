@@ -134,7 +134,10 @@ class LoadedModel:
         self.slot_threads = ThreadPool(len(slots))
         self.prep = ThreadPool(1)
         self._free_slots = list(slots)  # the slot given back longest ago first
-        self._slot_freed = gevent.lock.Semaphore(len(slots))
+        # Slots whose answer is out, still busy with the work after it (saving their state); added by their worker
+        # thread (a set's add needs no lock), removed when given back.
+        self._answered: set[Slot] = set()
+        self._slot_freed = gevent.event.Event()  # set when a slot is given back, then replaced by a new one
         self._places = gevent.lock.BoundedSemaphore(places)
 
     def file_changed(self) -> bool:
@@ -146,28 +149,46 @@ class LoadedModel:
     def free_slot_count(self) -> int:
         return len(self._free_slots)
 
-    def take_slot(self, prompt: Sequence[int], timeout: float) -> Optional[Slot]:
+    def take_slot(self, prompt: Sequence[int], scope: str, timeout: float) -> Optional[Slot]:
         """A free slot, waiting up to ``timeout``; None if none came free.
 
-        Of the free slots, the one whose cache ``prompt`` continues furthest
-        (sharing at least half of what the slot holds: a later turn of its
-        conversation), so only the new tokens are evaluated; if none, the one
-        unused longest, so other conversations' caches stay for their next turn.
+        The slot whose cache ``prompt`` continues furthest (sharing at least
+        half of what the slot holds: a later turn of its conversation), so only
+        the new tokens are evaluated, in the prompt's cache ``scope`` only (see
+        ``Slot.enter``); if none, the free one unused longest, so
+        other conversations' caches stay for their next turn. A slot whose
+        answer is out but which is still saving its state counts too: the
+        next turn of its conversation, sent as soon as the answer arrived,
+        waits for that slot instead of taking another and evaluating it all.
         """
-        if not self._slot_freed.acquire(timeout=timeout):
-            return None
+        deadline = time.monotonic() + timeout
 
         def fit(slot: Slot) -> int:
+            if slot.scope != scope or not slot.cached:
+                return 0
             shared = shared_prefix(prompt, slot.cached)
-            return shared if slot.cached and shared >= SIMILARITY * len(slot.cached) else 0
+            return shared if shared >= SIMILARITY * len(slot.cached) else 0
 
-        best = max(self._free_slots, key=fit)  # of equals, the first: the one unused longest
-        self._free_slots.remove(best)
-        return best
+        while True:
+            freed = self._slot_freed
+            # Of equals, the first: the free one unused longest, before any that is still finishing.
+            best = max(self._free_slots + list(self._answered), key=fit, default=None)
+            if best is not None and best not in self._answered:
+                self._free_slots.remove(best)
+                return best
+            left = deadline - time.monotonic()
+            if left <= 0 or not freed.wait(left):
+                return None
+
+    def answered(self, slot: Slot) -> None:
+        """Called by the slot's worker thread when the slot's answer is out, before the work after it."""
+        self._answered.add(slot)
 
     def give_back(self, slot: Slot) -> None:
+        self._answered.discard(slot)
         self._free_slots.append(slot)
-        self._slot_freed.release()
+        freed, self._slot_freed = self._slot_freed, gevent.event.Event()
+        freed.set()
 
     def claim(self) -> None:
         self.users += 1
@@ -191,6 +212,8 @@ class LoadedModel:
         if self.prompt_cache is None:
             return
         counts = self.prompt_cache.take_counts()
+        for problem in counts.problems:
+            log.warning("prompt cache file skipped", model=self.id, problem=problem)
         for event in ("hits", "misses", "saved", "evicted_ram", "evicted_disk", "corrupt"):
             if getattr(counts, event):
                 metrics.prompt_cache_events.labels(self.id, event).inc(getattr(counts, event))

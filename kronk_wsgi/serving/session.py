@@ -50,10 +50,13 @@ class _Cancel:
         return self.set
 
 
-def _drive(job: Job, slot: Slot, context_length: int, cancel: _Cancel, channel: ThreadChannel) -> None:
+def _drive(job: Job, slot: Slot, model: LoadedModel, cancel: _Cancel, channel: ThreadChannel) -> None:
     """Worker thread: run the job, handing each event to the channel."""
     try:
-        for event in job.run(slot, context_length, cancel):
+        for event in job.run(slot, model.engine.context_length, cancel):
+            if isinstance(event, Finished):  # before the client can send its next turn
+                model.answered(slot)
+                slot.announce_state()
             channel.put((time.monotonic(), event))
     except Cancelled:
         pass
@@ -122,7 +125,7 @@ class Session:
             self.stats.queue_wait = time.monotonic() - self.started
             self.metrics.queue_wait.labels(self.model.id).observe(self.stats.queue_wait)
             channel = ThreadChannel()
-            worker = self.model.slot_threads.spawn(_drive, self.job, slot, self.model.engine.context_length, cancel, channel)
+            worker = self.model.slot_threads.spawn(_drive, self.job, slot, self.model, cancel, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
             worker.rawlink(lambda _: self._worker_done(slot, channel))
             yield from self._relay(channel, cancel)
@@ -130,6 +133,7 @@ class Session:
             cancel.set = True
             self._gaps.flush()
             self.stats.completion_tokens = self.job.completion_tokens
+            self.stats.cached_tokens = self.job.cached_tokens  # a stream the client left reused them too
             if not self.stats.outcome:
                 self.stats.outcome = "client_gone"
             if worker is None:
@@ -163,7 +167,7 @@ class Session:
                 yield KEEPALIVE
                 quiet_since = now
             wait = min(CLIENT_POLL_SECONDS, self.deadline - now, self.keepalive - (now - quiet_since))
-            slot = self.model.take_slot(self.job.prefix, max(wait, 0))
+            slot = self.model.take_slot(self.job.prefix, self.job.scope, max(wait, 0))
             if slot is not None:
                 return slot
 

@@ -193,7 +193,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         if request.calls_tools:
             reading, grammar_text, grammar_after = _tool_reading(model, request.tools, reading)
     if request.reply_format is not None:
-        grammar_text = _format_grammar(request.reply_format)
+        grammar_text = offload.call(model.prep, _format_grammar, request.reply_format)  # may take a second
         grammar_after = reading.reasoning.close if reading.inside_thinking else ""  # the answer follows the thinking
     after_prompt = reading.reply_start
     if reading.inside_thinking and reading.reply_start:  # a forced call comes after the thinking: left empty

@@ -34,7 +34,7 @@ from .sse import compact_json_pieces
 from .state import record, state
 
 # The status of an answer that is not streamed, by how its generation failed.
-FAILURE_STATUS = {"timeout": 504, "shutdown": 503}
+FAILURE_STATUS = {"timeout": 504, "shutdown": 503, "grammar_error": 400}
 WHOLE_CHUNK = 1 << 20  # a whole answer goes out a megabyte at a time, each write watched
 
 log = structlog.get_logger("kronk_wsgi.http")

@@ -18,6 +18,14 @@ from .tokenizer import Tokenizer
 
 # How the JSON is written: compact, with the spaces json.dumps puts (what models have seen most).
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# The longest GBNF text taken: its conversion (Python, holding the GIL) grows faster than the text, about 1 s at
+# 28 KB of nested rules; llama.cpp's own grammars are a few KB.
+MAX_GBNF_BYTES = 32_000
+
+
+def _limits() -> llguidance.LLParserLimits:
+    """llguidance's default limits, with errors that never quote the grammar (a client's text, in the log)."""
+    return llguidance.LLParserLimits(verbose_errors=False)
 
 
 class GrammarError(ValueError):
@@ -63,7 +71,9 @@ def lark_json(schema: dict[str, Any], lenient: bool = False) -> str:
 
 def gbnf_grammar(gbnf: str) -> str:
     """A grammar from llama.cpp's GBNF text (as llama-server's ``grammar`` field takes it); GrammarError if it
-    does not convert."""
+    does not convert, or is longer than MAX_GBNF_BYTES."""
+    if len(gbnf.encode("utf-8", "surrogatepass")) > MAX_GBNF_BYTES:
+        raise GrammarError(f"it is longer than {MAX_GBNF_BYTES} bytes")
     try:
         return llguidance.grammar_from("gbnf", gbnf)
     except ValueError as exc:
@@ -87,13 +97,15 @@ class Grammar:
 
     def __init__(self, tokenizer: Tokenizer, end_ids: frozenset[int], grammar: str) -> None:
         self._ll_tokenizer = _ll_tokenizer(tokenizer, end_ids)
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._ll_tokenizer)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._ll_tokenizer,
+                                                                               limits=_limits())
         if failed:
             raise GrammarError(messages[0])
-        self._matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        self._matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0, limits=_limits())
         if self._matcher.is_error():
             raise GrammarError(self._matcher.get_error())
         self.vocab_size = tokenizer.vocab_size
+        self.constraint().allowed()  # the first step's limits are met before the commit, or it is a 400
 
     def constraint(self) -> "Constraint":
         return Constraint(self._matcher.deep_copy(), self.vocab_size)
@@ -110,6 +122,8 @@ class Constraint:
     def allowed(self) -> np.ndarray:
         """A boolean array over the vocabulary: the tokens that keep the text inside the grammar."""
         self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        if self._matcher.is_error():
+            raise GrammarError(self._matcher.get_error())
         return np.unpackbits(self._mask.view(np.uint8), bitorder="little")[: self._vocab_size].astype(bool)
 
     def take(self, token: int) -> None:

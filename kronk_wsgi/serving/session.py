@@ -13,6 +13,7 @@ from typing import Callable, Generator, Iterator, Optional
 import structlog
 
 from ..engine.base import Cancelled, Slot
+from ..engine.grammar import GrammarError
 from ..metrics import GapCounter, Metrics
 from .channel import ThreadChannel
 from .drain import Drain
@@ -234,5 +235,9 @@ class Session:
             tokens.labels(self.model.id, "completion").inc(item.usage.completion_tokens)
             return item
         self.stats.outcome = "error"
+        if isinstance(item, GrammarError):  # a client's grammar past a step's limits: no traceback, no grammar text
+            log.warning("grammar failed during generation", model=self.model.id, error=str(item)[:300])
+            return Failed("grammar_error", "the reply's grammar went past the constraint engine's limits at a later "
+                          "step; the response is incomplete")
         log.error("engine failed during generation", model=self.model.id, exc_info=item)
         return Failed("engine_error", "the model failed while generating; the response is incomplete")

@@ -1,0 +1,49 @@
+"""Hardening, round three: a client's grammar can neither freeze the worker nor fail after the commit unannounced."""
+
+import threading
+import time
+
+import requests
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def nested(rules: int) -> str:
+    """GBNF of ``rules`` nested rules, whose conversion grows far faster than its text."""
+    return "\n".join(["root ::= r0"] + [f'r{i} ::= "(" r{i + 1} ")" | "x"' for i in range(rules)] + [f'r{rules} ::= "y"'])
+
+
+def liveness_during(server, send) -> tuple[object, float]:
+    """What ``send()`` gives, and the slowest liveness answer while it ran."""
+    latencies: list[float] = []
+    done = []
+
+    def probe() -> None:
+        while not done:
+            started = time.monotonic()
+            requests.get(server.url + "/v1/liveness", timeout=60)
+            latencies.append(time.monotonic() - started)
+            time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        reply = send()
+    finally:
+        done.append(True)
+        prober.join()
+    return reply, max(latencies)
+
+
+def test_a_grammar_too_large_to_convert_is_a_400_and_the_worker_stays_live(server):
+    body = {"model": "tiny", "messages": HI, "max_tokens": 2, "grammar": nested(4000)}  # 118 KB: a worker timeout
+    reply, slowest = liveness_during(server, lambda: requests.post(server.url + CHAT, json=body, timeout=120))
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "grammar"
+    assert "32000 bytes" in reply.json()["error"]["message"] and slowest < 1.0
+
+
+def test_a_large_grammar_that_is_taken_is_converted_off_the_event_loop(server):
+    body = {"model": "tiny", "messages": HI, "max_tokens": 2, "grammar": nested(1000)}  # 28 KB: ~1-2 s to convert
+    reply, slowest = liveness_during(server, lambda: requests.post(server.url + CHAT, json=body, timeout=120))
+    assert reply.status_code == 200 and slowest < 0.5, slowest

@@ -5,6 +5,10 @@ import time
 
 import requests
 
+from kronk_wsgi.engine.gguf_file import read_gguf
+from kronk_wsgi.engine.grammar import Grammar, bounded_integers, json_schema_grammar
+from kronk_wsgi.engine.tokenizer import GGUFTokenizer
+
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
 
@@ -47,3 +51,16 @@ def test_a_large_grammar_that_is_taken_is_converted_off_the_event_loop(server):
     body = {"model": "tiny", "messages": HI, "max_tokens": 2, "grammar": nested(1000)}  # 28 KB: ~1-2 s to convert
     reply, slowest = liveness_during(server, lambda: requests.post(server.url + CHAT, json=body, timeout=120))
     assert reply.status_code == 200 and slowest < 0.5, slowest
+
+
+def test_an_unbounded_integer_is_held_to_16_digits_as_llama_cpp_holds_it(smollm2):
+    tokenizer = GGUFTokenizer(read_gguf(smollm2))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "m": {"type": ["integer", "null"],
+                                                                             "maximum": 10**18}}}
+    assert bounded_integers(schema)["properties"]["m"] == {"type": ["integer", "null"], "maximum": 10**18,
+                                                           "minimum": -(10**16 - 1)}
+    constraint = Grammar(tokenizer, frozenset({2}), json_schema_grammar(schema)).constraint()
+    for token in tokenizer.encode('{"n": ' + "1" * 16):  # SmolLM2 writes each digit as a token
+        assert constraint.allowed()[token]
+        constraint.take(token)
+    assert not constraint.allowed()[tokenizer.encode("1")[0]]

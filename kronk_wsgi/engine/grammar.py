@@ -21,6 +21,7 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 # The longest GBNF text taken: its conversion (Python, holding the GIL) grows faster than the text, about 1 s at
 # 28 KB of nested rules; llama.cpp's own grammars are a few KB.
 MAX_GBNF_BYTES = 32_000
+LARGEST_WRITTEN = 10**16 - 1  # an unbounded integer's largest value: 16 digits
 
 
 def _limits() -> llguidance.LLParserLimits:
@@ -58,15 +59,34 @@ def _ll_tokenizer(tokenizer: Tokenizer, end_ids: frozenset[int]) -> llguidance.L
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(tokenizer)), eos_token=sorted(end_ids))
 
 
+def bounded_integers(schema: Any) -> Any:
+    """``schema`` with every integer that has no bound of its own held to 16 digits, as llama.cpp's JSON grammar
+    holds them: a small model can otherwise write digits until its token limit."""
+    if isinstance(schema, list):
+        return [bounded_integers(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    bounded = {key: value if key in ("const", "enum", "default", "examples") else bounded_integers(value)
+               for key, value in schema.items()}
+    types = schema.get("type")
+    if types == "integer" or (isinstance(types, list) and "integer" in types):
+        if "minimum" not in schema and "exclusiveMinimum" not in schema:
+            bounded["minimum"] = -LARGEST_WRITTEN
+        if "maximum" not in schema and "exclusiveMaximum" not in schema:
+            bounded["maximum"] = LARGEST_WRITTEN
+    return bounded
+
+
 def json_schema_grammar(schema: dict[str, Any], lenient: bool = False) -> str:
     """A grammar for JSON that validates against ``schema``; ``lenient`` skips keywords it cannot enforce."""
-    return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults={**JSON_STYLE, "lenient": lenient})
+    options = {**JSON_STYLE, "lenient": lenient}
+    return llguidance.LLMatcher.grammar_from_json_schema(bounded_integers(schema), defaults=options)
 
 
 def lark_json(schema: dict[str, Any], lenient: bool = False) -> str:
     """A Lark expression for JSON valid against ``schema``, to use inside a larger Lark grammar."""
     options = {**JSON_STYLE, "lenient": lenient}
-    return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
+    return "%json " + json.dumps({**bounded_integers(schema), "x-guidance": options}, ensure_ascii=False)
 
 
 def gbnf_grammar(gbnf: str) -> str:

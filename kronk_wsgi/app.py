@@ -65,8 +65,8 @@ class Kronk:
         if serve_root if serve_root is not None else bool(prefix):
             api.add_url_rule("/", "ollama_running", ollama.running, methods=["GET", "HEAD"])
         hooks.install(api)
-        if settings.cors_origins:
-            CORS(api, origins=settings.cors_origins, expose_headers=["X-Request-ID", "request-id"], max_age=600)
+        origins = settings.cors_origins if "*" in settings.cors_origins else [*settings.cors_origins, *hooks.LOCAL_ORIGINS]
+        CORS(api, origins=origins, expose_headers=["X-Request-ID", "request-id"], max_age=600)
         app.register_blueprint(api, url_prefix=prefix or None)
         gevent.spawn(_warm_up, pool, settings.default_model)
 

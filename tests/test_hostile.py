@@ -213,3 +213,20 @@ def test_a_model_file_changed_under_a_loaded_model_is_loaded_again(tiny_model, t
     second = pool.get("m")
     assert second is not first and not second.file_changed()
     second.unclaim()
+
+
+@pytest.mark.parametrize("origin, allowed", [
+    ("http://localhost:5173", True), ("http://127.0.0.1:3000", True), ("http://[::1]:8080", True),
+    ("vscode-webview://abc123", True), ("tauri://localhost", True),
+    ("http://localhost.evil.example", False), ("https://evil.example", False), ("http://127.0.0.1.nip.io", False),
+])
+def test_pages_of_this_machine_may_call_the_api_and_foreign_ones_may_not(server, origin, allowed):
+    preflight = requests.options(server.url + CHAT, timeout=30, headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+    chat = requests.post(server.url + CHAT, json={"model": "tiny", "messages": HI, "max_tokens": 1},
+                         headers={"Origin": origin}, timeout=30)
+    if allowed:
+        assert preflight.headers.get("Access-Control-Allow-Origin") == origin and chat.status_code == 200
+        assert chat.headers.get("Access-Control-Allow-Origin") == origin
+    else:
+        assert "Access-Control-Allow-Origin" not in preflight.headers and chat.status_code == 403

@@ -6,6 +6,7 @@ are relative to the blueprint's url_prefix.
 """
 
 import hmac
+import re
 import socket
 import time
 import urllib.parse
@@ -41,18 +42,26 @@ def _check_host() -> None:
                        code="host_not_allowed")
 
 
+# Web origins of this machine, allowed by default as Ollama allows them: local web apps on any port, and the
+# pages of desktop apps, editors' webviews and local files.
+LOCAL_ORIGINS = (
+    re.compile(r"https?://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\])(:[0-9]{1,5})?\Z"),
+    re.compile(r"(app|file|tauri|vscode-webview)://[^\s]*\Z"),
+)
+
 def _check_origin() -> None:
     """403 for a browser's cross-site request: an Origin that is neither this server's nor an allowed CORS origin.
 
     A browser always sends Origin on a cross-site POST (a page elsewhere unloading a model through /admin of
     a server without keys); curl and the SDKs send none. The scheme is not compared: behind a TLS proxy the
-    server sees plain HTTP.
+    server sees plain HTTP. Pages of this machine (LOCAL_ORIGINS) are allowed, as Ollama allows them.
     """
     origin = request.headers.get("Origin")
     if origin is None:
         return
     allowed = state().settings.cors_origins
-    if "*" in allowed or origin in allowed or urllib.parse.urlsplit(origin).netloc == request.host:
+    if ("*" in allowed or origin in allowed or urllib.parse.urlsplit(origin).netloc == request.host
+            or any(local.fullmatch(origin) for local in LOCAL_ORIGINS)):
         return
     raise ApiError(403, f"requests from the web origin {origin[:200]!r} are not allowed (cors_origins)",
                    code="origin_not_allowed")

@@ -160,3 +160,15 @@ def test_routing_errors_in_anthropic_shape(server):
     assert response.status_code == 405 and response.json()["error"]["type"] == "invalid_request_error"
     response = requests.post(server.url + MESSAGES, data=b"{oops", headers={"Content-Type": "application/json"}, timeout=10)
     assert response.status_code == 400 and response.json()["type"] == "error"
+
+
+def test_claude_codes_billing_header_is_left_out_of_the_prompt(client):
+    def counted(system) -> int:
+        return client.messages.count_tokens(model="tiny", system=system, messages=HELLO).input_tokens
+
+    header = "x-anthropic-billing-header: cc_version=2.1.197.%s; cc_entrypoint=sdk-cli; cch=%s;"
+    plain = counted([{"type": "text", "text": "You are Claude Code."}])
+    for suffix in (("123", "fa690"), ("6e2", "0aaa9")):  # it changes with every request: never rendered
+        assert counted([{"type": "text", "text": header % suffix}, {"type": "text", "text": "You are Claude Code."}]) \
+            == plain
+    assert counted([{"type": "text", "text": header % ("1", "2")}]) == counted(None)

@@ -3,6 +3,7 @@
 import base64
 import hashlib
 import json
+import re
 import uuid
 from typing import Annotated, Any, Iterator, Literal, Optional, Union
 
@@ -320,6 +321,12 @@ class ContextManagement(Strict):
     edits: list[ContextEdit] = []
 
 
+# Claude Code's first system block: billing metadata for Anthropic, with a part that changes on every request.
+# Rendered first, it would make every prompt differ from the last after a few tokens, and the prompt cache find
+# nothing; it tells the model nothing, so it is left out of the prompt.
+BILLING_HEADER = re.compile(r"\Ax-anthropic-billing-header:[^\n]*\n?")
+
+
 class CountTokensRequest(Strict):
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
@@ -356,8 +363,10 @@ class CountTokensRequest(Strict):
         """
         messages, ends = [], []
         if self.system is not None:
-            system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system)
-            messages.append({"role": "system", "content": system})
+            blocks = [self.system] if isinstance(self.system, str) else [b.text for b in self.system]
+            system = "".join(BILLING_HEADER.sub("", text) for text in blocks)
+            if system or not any(BILLING_HEADER.match(text) for text in blocks):  # a system prompt of its own
+                messages.append({"role": "system", "content": system})
         for message in self.messages:
             messages.extend(message.for_template())
             ends.append(len(messages))

@@ -381,11 +381,16 @@ def test_cache_control_breakpoints_save_prefixes_and_usage_says_so(smollm2, tmp_
         client = Anthropic(base_url=server.url, api_key="unused")
 
         def ask(question: str, **fields) -> tuple[dict, int]:
+            """The streamed reply's usage (message_start has the same cache split), and the prompt's size."""
             messages = [{"role": "user", "content": question}]
-            reply = client.messages.create(model="smol", max_tokens=4, system=system, messages=messages,
-                                           extra_body={"temperature": 0, **fields})
+            with client.messages.stream(model="smol", max_tokens=4, system=system, messages=messages,
+                                        extra_body={"temperature": 0, **fields}) as stream:
+                start = next(event for event in stream if event.type == "message_start").message.usage
+                usage = stream.get_final_message().usage
+            split = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+            assert [getattr(start, name) for name in split] == [getattr(usage, name) for name in split]
             counted = client.messages.count_tokens(model="smol", system=system, messages=messages).input_tokens
-            return reply.usage, counted
+            return usage, counted
 
         usage, counted = ask("Who kept the northern light?")
         assert usage.cache_read_input_tokens == 0 and 100 < usage.cache_creation_input_tokens < counted

@@ -12,7 +12,9 @@ import pydantic
 from pydantic import Discriminator, Field, Tag
 
 from ..engine.sampling import SamplingParams
-from ..serving.events import ChoiceEnd, Event, Failed, Finished, ReasoningDelta, TextDelta, ToolCall, Usage
+from ..serving.events import (
+    ChoiceEnd, Event, Failed, Finished, PromptCached, ReasoningDelta, TextDelta, ToolCall, Usage,
+)
 from .body import parse_body
 from .cache_diagnostics import diagnose
 from .planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
@@ -462,17 +464,17 @@ class MessagesRequest(CountTokensRequest):
             thinking_budget=self.thinking.budget_tokens if isinstance(self.thinking, ThinkingEnabled) else None,
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0),
             stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens, not_offered=self.not_offered(),
-            cache_breaks=self.cache_breaks(ends),
+            cache_breaks=self.cache_breaks(ends, int(messages[0]["role"] == "system")),
         )
 
-    def cache_breaks(self, ends: list[int]) -> tuple[int, ...]:
+    def cache_breaks(self, ends: list[int], head: int) -> tuple[int, ...]:
         """The cache_control breakpoints, as how many template messages the cached prefix runs through (``ends``:
-        how many run through each message's end): the tools and system (a tool's or a system block's), a
+        how many run through each message's end; ``head``: the system messages before the first): the tools and
+        system (a tool's or a system block's), a
         message's end (one of its blocks'), and the whole prompt (the request's own, Anthropic's automatic
         caching)."""
         system = self.system if isinstance(self.system, list) else []
-        head = [0 if self.system is None else 1]
-        breaks = head if any(getattr(b, "cache_control", None) for b in [*(self.tools or ()), *system]) else []
+        breaks = [head] if any(getattr(b, "cache_control", None) for b in [*(self.tools or ()), *system]) else []
         for message, end in zip(self.messages, ends):
             if isinstance(message.content, list) and any(getattr(b, "cache_control", None) for b in message.content):
                 breaks.append(end)
@@ -578,6 +580,11 @@ class MessagesEncoder(Encoder):
             yield sse({"type": "content_block_start", "index": self.blocks, "content_block": block}, "content_block_start")
             self.open_block = kind
         yield sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
+
+    waits_for_prompt = True  # message_start carries the prompt's cache split, as the Messages API gives it
+
+    def prompt_cached(self, event: PromptCached) -> None:
+        self.head["usage"] = _usage(event.usage)
 
     def start(self) -> Iterator[str]:
         yield sse({"type": "message_start", "message": self.head}, "message_start")

@@ -24,8 +24,8 @@ from flask import Response
 
 from ..serving import offload
 from ..serving.events import (
-    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall,
-    coalesce,
+    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta, TokenLogprob,
+    ToolCall, coalesce,
 )
 from ..serving.session import Session
 from .errors import ApiError
@@ -131,12 +131,20 @@ class Encoder(abc.ABC):
         """The answer as one object, when it is not streamed; ``output`` has text runs merged. Built in a worker
         thread: it touches nothing but its arguments and the encoder."""
 
+    # Whether the first frames wait for PromptCached, to carry the prompt's cache split (keep-alives may come first).
+    waits_for_prompt = False
+
+    def prompt_cached(self, event: PromptCached) -> None:
+        """Take the prompt's cache split, known before it is evaluated (no frames of its own)."""
+
     def keep_whole(self, answer: dict) -> None:
         """Keep a whole answer where the protocol keeps answers (on the event loop, before the client has it)."""
 
     def frames(self, events: Iterator[Event]) -> Iterator[str]:
         """Every frame of a streamed answer, from the start to the protocol's end or its in-band error."""
-        yield from self.start()
+        started = not self.waits_for_prompt
+        if started:
+            yield from self.start()
         writers = {
             TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, ToolCall: self.tool_call,
             ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
@@ -144,7 +152,13 @@ class Encoder(abc.ABC):
         for event in events:
             if isinstance(event, KeepAlive):
                 yield self.protocol.framing.keepalive
-            else:
+                continue
+            if isinstance(event, PromptCached):
+                self.prompt_cached(event)
+            if not started:
+                started = True
+                yield from self.start()
+            if not isinstance(event, PromptCached):
                 yield from writers[type(event)](event)
 
 
@@ -214,7 +228,7 @@ def run_to_end(session: Session) -> tuple[list[Event], Finished]:
                 return coalesce(output), event
             if isinstance(event, Failed):
                 raise ApiError(FAILURE_STATUS.get(event.code, 500), event.message, code=event.code)
-            if not isinstance(event, KeepAlive):
+            if not isinstance(event, (KeepAlive, PromptCached)):
                 output.append(event)
     finally:
         session.close()

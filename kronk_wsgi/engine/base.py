@@ -61,7 +61,8 @@ class Slot(abc.ABC):
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
         self.scope = ""  # whose they are: a prompt of another cache scope never continues them (see ``enter``)
         self.state_cache: Optional[PromptCache] = None  # saved states to restore from, where the engine has them
-        self.cache_written = 0  # prompt tokens the last prefill saved at its save points, beyond those it reused
+        self.cache_written = 0  # prompt tokens the last prefill saves at its save points, beyond those it reused
+        self._saves: list[int] = []  # the save points the last reuse chose, for evaluate
 
     @abc.abstractmethod
     def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None) -> Optional[int]:
@@ -86,45 +87,59 @@ class Slot(abc.ABC):
         chunk: Optional[int] = None,
         save_at: Sequence[int] = (),
     ) -> int:
-        """Evaluate a prompt, reusing the cached prefix; return tokens reused.
+        """Evaluate a prompt, reusing the cached prefix; return tokens reused (``reuse``, then ``evaluate``)."""
+        keep = self.reuse(tokens, save_at)
+        self.evaluate(tokens, cancelled, chunk)
+        return keep
 
-        The prompt is evaluated in chunks so that ``cancelled`` is asked
-        between two C calls. At least the last token is evaluated, so logits
-        always belong to this prompt. With a state cache, the prefix ending at
-        each of ``save_at`` (prompt lengths a client marked worth keeping) is
-        saved on the way, and so is a branch point: where the prompt leaves a
-        saved or held sequence it shares at least a block with (one system
-        prompt and tools block before many conversations). A point at the
-        prompt's end is met by the save after the answer. ``cache_written``
-        counts the prompt tokens those saves add beyond the reused ones.
+    def reuse(self, tokens: Sequence[int], save_at: Sequence[int] = ()) -> int:
+        """The first part of a prefill: how much of the prompt the slot serves, from what it holds or from a state
+        it restores; the tokens reused. At least the last token is left to evaluate, so logits always belong to
+        this prompt.
+
+        With a state cache, ``evaluate`` then saves the prefix ending at each
+        of ``save_at`` (prompt lengths a client marked worth keeping) on the
+        way, and a branch point: where the prompt leaves a saved or held
+        sequence it shares at least a block with (one system prompt and tools
+        block before many conversations). A point at the prompt's end is met
+        by the save after the answer. ``cache_written`` counts the prompt
+        tokens those saves add beyond the reused ones.
         """
         self.cache_written = 0
+        self._saves = []
         shared = shared_prefix(tokens, self.cached)
         keep = min(shared, len(tokens) - 1)
-        pending: list[int] = []
-        if self.state_cache is not None:
+        cache = self.state_cache
+        if cache is not None:
             keep, branch = self._restore(tokens, keep, _branch(shared, tokens, self.cached))
             # A point at or past the last token would save none of this prompt's work.
-            pending = sorted(p for p in {branch, *save_at} if max(keep, MIN_TOKENS) <= p < len(tokens))
+            self._saves = sorted(p for p in {branch, *save_at} if max(keep, MIN_TOKENS) <= p < len(tokens))
         keep = self.reusable(keep)
         del self.cached[keep:]
-        if self.state_cache is not None and len(tokens) >= MIN_TOKENS and any(p >= len(tokens) for p in save_at):
+        if cache is not None and len(tokens) >= MIN_TOKENS and any(p >= len(tokens) for p in save_at):
             self.cache_written = len(tokens) - keep  # the whole prompt: saved with its answer (Session does)
-        start = keep
+        new = [p for p in self._saves if not cache.holds(tokens[:p], self.scope)]
+        if new:
+            self.cache_written = max(self.cache_written, new[-1] - keep)
+        return keep
+
+    def evaluate(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False,
+                 chunk: Optional[int] = None) -> None:
+        """The rest of a prefill (after ``reuse``): the prompt past what the slot holds, in chunks, asking
+        ``cancelled`` between two C calls, saving its prefix at the save points ``reuse`` chose."""
+        start, saves = len(self.cached), self._saves
         while start < len(tokens):
-            if pending and start == pending[0]:
-                pending.pop(0)
-                if self.keep_state(waited_for=True):
-                    self.cache_written = max(self.cache_written, start - keep)
+            if saves and start == saves[0]:
+                saves.pop(0)
+                self.keep_state(waited_for=True)
                 continue
             if cancelled():
                 raise Cancelled()
             end = start + (chunk or self.prefill_chunk)  # asked each time: it may depend on what else runs
-            if pending:
-                end = min(end, pending[0])
+            if saves:
+                end = min(end, saves[0])
             self.decode(tokens[start:end])
             start = end
-        return keep
 
     def _restore(self, tokens: Sequence[int], keep: int, branch: int) -> tuple[int, int]:
         """Before a prompt overwrites what the slot holds, save that (if it is worth it and not saved yet); then

@@ -147,6 +147,7 @@ class Generation:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.cache_written = 0
+        self._reused = False
         self.finish_reason = ""
         self.stop_sequence: Optional[str] = None
         self.window_full = False
@@ -156,10 +157,18 @@ class Generation:
         control = self.tokenizer.control.get(tag)
         return [control] if control is not None else self.tokenizer.continuation(tag)
 
+    def reuse(self) -> None:
+        """Decide how much of the prompt the slot's cache serves (``cached_tokens``, ``cache_written``), before
+        anything is evaluated; iterating does it if it was not done."""
+        self.cached_tokens = self.slot.reuse(self.prompt, self.save_at)
+        self.cache_written = self.slot.cache_written
+        self._reused = True
+
     def __iter__(self) -> Iterator[str]:
         slot, options = self.slot, self.options
-        self.cached_tokens = slot.prefill(self.prompt, self.cancelled, save_at=self.save_at)
-        self.cache_written = slot.cache_written
+        if not self._reused:
+            self.reuse()
+        slot.evaluate(self.prompt, self.cancelled)
         sampler = Sampler(options.sampling, self.prompt, self.choice)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stops = StopScanner(options.stop + options.end_texts)

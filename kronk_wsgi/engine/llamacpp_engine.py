@@ -403,11 +403,11 @@ class LlamaCppSlot(Slot):
         streams, in calls of SHARED_CHUNK, as the streams wait for each call."""
         return BATCH if self._engine._batcher.alone(self._seq) else SHARED_CHUNK
 
-    def prefill(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False,
-                chunk: Optional[int] = None, save_at: Sequence[int] = ()) -> int:
+    def evaluate(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False,
+                 chunk: Optional[int] = None) -> None:
         self._cancelled = cancelled
         try:
-            return super().prefill(tokens, cancelled, chunk, save_at)
+            super().evaluate(tokens, cancelled, chunk)
         finally:
             self._cancelled = None
 

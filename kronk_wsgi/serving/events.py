@@ -100,6 +100,14 @@ class ChoiceEnd:
 
 
 @dataclasses.dataclass(frozen=True)
+class PromptCached:
+    """How much of the prompt the cache serves, known before the prompt is evaluated (the first event of a
+    generation): of ``usage``, only the prompt's counts."""
+
+    usage: Usage
+
+
+@dataclasses.dataclass(frozen=True)
 class Finished:
     """The job ended normally, every choice with it."""
 
@@ -114,7 +122,8 @@ class Failed:
     message: str
 
 
-Event = TextDelta | ReasoningDelta | Logprobs | ToolCall | ChoiceEnd | Embedding | KeepAlive | Finished | Failed
+Event = (TextDelta | ReasoningDelta | Logprobs | ToolCall | ChoiceEnd | Embedding | KeepAlive | PromptCached | Finished
+         | Failed)
 KEEPALIVE = KeepAlive()
 
 

@@ -13,7 +13,9 @@ import numpy as np
 from ..engine.base import Slot
 from ..engine.generate import DecodeOptions, Generation
 from ..engine.tokenizer import Tokenizer
-from .events import ChoiceEnd, Embedding, Event, Finished, Logprobs, TextDelta, TokenLogprob, ToolCall, Usage
+from .events import (
+    ChoiceEnd, Embedding, Event, Finished, Logprobs, PromptCached, TextDelta, TokenLogprob, ToolCall, Usage,
+)
 from .reasoning import ReasoningSplitter, ReasoningSyntax
 from .tool_calls import ToolCallParser, ToolCallRules
 
@@ -106,6 +108,9 @@ class GenerationJob:
             generation = Generation(slot, prompt, self.tokenizer, self.decode, context_length, cancelled, choice,
                                     save_at=self.save_at if index == 0 else ())
             self._generations.append(generation)
+            if index == 0:
+                generation.reuse()
+                yield PromptCached(Usage(self.prompt_tokens, 0, generation.cached_tokens, generation.cache_written))
             for event in self._reply(generation):
                 yield dataclasses.replace(event, index=index) if index else event
             if choice == 0:

@@ -18,7 +18,8 @@ from ..metrics import GapCounter, Metrics
 from .channel import ThreadChannel
 from .drain import Drain
 from .events import (
-    KEEPALIVE, ChoiceEnd, Embedding, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, coalesce,
+    KEEPALIVE, ChoiceEnd, Embedding, Event, Failed, Finished, Logprobs, PromptCached, ReasoningDelta, TextDelta,
+    ToolCall, coalesce,
 )
 from .jobs import Job
 from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
@@ -26,7 +27,7 @@ from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
 log = structlog.get_logger("kronk_wsgi.session")
 
 # What a job produces before its end (Finished, or an exception).
-OUTPUT = (TextDelta, ReasoningDelta, Logprobs, ToolCall, ChoiceEnd, Embedding)
+OUTPUT = (PromptCached, TextDelta, ReasoningDelta, Logprobs, ToolCall, ChoiceEnd, Embedding)
 
 
 @dataclasses.dataclass
@@ -189,7 +190,7 @@ class Session:
                     yield from coalesce(batch)
                     yield self._finish(item)
                     return
-                if self.stats.time_to_first_token is None:
+                if self.stats.time_to_first_token is None and not isinstance(item, PromptCached):
                     self.stats.time_to_first_token = produced - self.started
                     self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
                 if isinstance(item, (TextDelta, ReasoningDelta)):

@@ -30,9 +30,9 @@ class FaultySlot(CTransformersSlot):
         self.fail_after = int(os.environ.get("KRONK_TEST_FAIL_AFTER", "-1"))
         self.prompt_length = 0
 
-    def prefill(self, tokens, cancelled=lambda: False, chunk=None, save_at=()):
+    def evaluate(self, tokens, cancelled=lambda: False, chunk=None):
         self.prompt_length = len(tokens)
-        return super().prefill(tokens, cancelled, 8 if self.prefill_delay else chunk, save_at)
+        super().evaluate(tokens, cancelled, 8 if self.prefill_delay else chunk)
 
     def _eval(self, tokens: Sequence[int], n_past: int, pick=None) -> None:
         decoded = n_past - self.prompt_length + 1

@@ -30,13 +30,13 @@ ENDLESS = "<<endless>>"
 class ScriptedSlot(CTransformersSlot):
     tokenizer = None  # set by ScriptedEngine
 
-    def prefill(self, tokens, cancelled=lambda: False, chunk=None, save_at=()):
+    def evaluate(self, tokens, cancelled=lambda: False, chunk=None):
         self._start = len(tokens)
         script = Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text()
         self._endless = script.endswith(ENDLESS)
         self._free = script.endswith(FREE) or self._endless
         self._script = self._tokens(script.removesuffix(FREE).removesuffix(ENDLESS))
-        return super().prefill(tokens, cancelled, chunk, save_at)
+        super().evaluate(tokens, cancelled, chunk)
 
     def _tokens(self, text: str) -> list[list[int]]:
         """The script as the tokens of each byte (the vocabulary has all 256), then EOS unless free."""

@@ -230,3 +230,46 @@ def test_pages_of_this_machine_may_call_the_api_and_foreign_ones_may_not(server,
         assert chat.headers.get("Access-Control-Allow-Origin") == origin
     else:
         assert "Access-Control-Allow-Origin" not in preflight.headers and chat.status_code == 403
+
+
+@pytest.mark.parametrize("path, body, words", [
+    ("/api/generate", {"prompt": "hi", "keep_alive": 1e300}, "keep_alive is longer"),
+    ("/api/generate", {"prompt": "hi", "keep_alive": "9999999999h"}, "keep_alive is longer"),
+    ("/api/generate", {"prompt": "hi", "keep_alive": 2**64}, "keep_alive is longer"),
+    ("/api/generate", '{"model": "tiny", "prompt": "hi", "keep_alive": 1e400}', "1e400 is too large"),
+    ("/api/generate", {"prompt": "hi", "options": {"temperature": 1e300}}, "options.temperature"),
+    ("/api/generate", '{"model": "tiny", "prompt": "hi", "options": {"temperature": 1e400}}', "too large"),
+    ("/api/generate", {"prompt": "hi", "options": {"repeat_penalty": 1e-300}}, "options.repeat_penalty"),
+    ("/v1/messages", {"max_tokens": 2, "messages": HI, "context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": "x"}}]}}, "trigger.value"),
+    ("/v1/messages", {"max_tokens": 2, "messages": HI, "context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": None}}]}}, "keep"),
+])
+def test_numbers_past_what_is_meant_are_a_400_naming_them(server, path, body, words):
+    data = body if isinstance(body, str) else json.dumps({"model": "tiny", "stream": False, **body})
+    reply = requests.post(server.url + path, data=data, headers={"Content-Type": "application/json"}, timeout=30)
+    assert reply.status_code == 400 and words in reply.text
+    assert requests.get(server.url + "/api/ps", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("after", ["10000000000000000000000", "--1", "²"])
+def test_a_resumed_stream_takes_only_a_sequence_number(server, after):
+    made = requests.post(server.url + "/v1/responses", timeout=30,
+                         json={"model": "tiny", "input": "hi", "background": True, "max_output_tokens": 2}).json()
+    reply = requests.get(f"{server.url}/v1/responses/{made['id']}", params={"stream": "true", "starting_after": after},
+                         timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "starting_after"
+
+
+def test_unloading_through_keep_alive_takes_an_admin_key(tiny_model, tmp_path):
+    env = {"KRONK_MODELS": f"tiny={tiny_model}", "KRONK_API_KEYS": "user,boss", "KRONK_ADMIN_KEYS": "boss"}
+    with run_server(tmp_path, env) as server:
+        def unload(key: str) -> requests.Response:
+            return requests.post(server.url + "/api/generate", json={"model": "tiny", "keep_alive": 0}, timeout=30,
+                                 headers={"Authorization": f"Bearer {key}"})
+
+        refused = unload("user")
+        assert refused.status_code == 403 and "admin key" in refused.json()["error"]
+        loaded = requests.get(server.url + "/api/ps", headers={"Authorization": "Bearer user"}, timeout=30).json()
+        assert [m["name"] for m in loaded["models"]] == ["tiny:latest"]
+        assert unload("boss").json()["done_reason"] == "unload"

@@ -304,13 +304,20 @@ class OutputConfig(Strict):
     format: Optional[JsonOutputFormat] = None
 
 
+class Count(Strict):
+    """A count in a context-management edit: of input tokens, tool uses or thinking turns."""
+
+    type: Literal["input_tokens", "tool_uses", "thinking_turns"]
+    value: Annotated[int, Field(ge=0, strict=True)]
+
+
 class ContextEdit(Strict):
     """A context-management edit, applied to the prompt: see ``MessagesRequest.template_messages``."""
 
     type: Literal["clear_tool_uses_20250919", "clear_thinking_20251015"]
-    trigger: Optional[dict[str, Any]] = None
-    keep: Union[dict[str, Any], Literal["all"], None] = None
-    clear_at_least: Optional[dict[str, Any]] = None
+    trigger: Optional[Count] = None
+    keep: Union[Count, Literal["all"], None] = None
+    clear_at_least: Optional[Count] = None
     exclude_tools: Optional[list[str]] = None
     clear_tool_inputs: Optional[bool] = None
 
@@ -409,15 +416,15 @@ CLEARED = "[tool result cleared to save context]"
 
 def _clear_tool_uses(messages: list[dict], edit: ContextEdit) -> None:
     """Anthropic's clear_tool_uses edit, in place: the oldest tool results beyond ``keep`` are cleared."""
-    trigger = edit.trigger or {}
-    threshold = trigger.get("value", 100_000)
-    if trigger.get("type", "input_tokens") == "input_tokens":
+    trigger = edit.trigger or Count(type="input_tokens", value=100_000)
+    threshold = trigger.value
+    if trigger.type == "input_tokens":
         size = sum(len(m["content"]) + len(json.dumps(m.get("tool_calls", []))) for m in messages) // 4
     else:  # "tool_uses"
         size = sum(len(m.get("tool_calls", [])) for m in messages)
     if size < threshold:
         return
-    keep = edit.keep.get("value", 3) if isinstance(edit.keep, dict) else 3
+    keep = edit.keep.value if isinstance(edit.keep, Count) else 3
     names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls", [])}
     excluded = set(edit.exclude_tools or ())
     results = [m for m in messages if m["role"] == "tool" and names.get(m["tool_call_id"]) not in excluded]

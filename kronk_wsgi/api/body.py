@@ -1,6 +1,7 @@
 """Reading a request body: its bytes within limits of size and time, strict JSON, then validation off the event loop."""
 
 import json
+import math
 from typing import Any, Optional, Type, TypeVar
 
 import gevent
@@ -41,6 +42,14 @@ def _non_finite(name: str) -> None:
     raise _NotJSON(f"{name} is not a JSON number")
 
 
+def _finite(literal: str) -> float:
+    """A JSON number with a fraction or exponent; one past a double's range (1e400) is refused as NaN is."""
+    value = float(literal)
+    if math.isinf(value):
+        raise _NotJSON(f"the number {literal[:30]} is too large")
+    return value
+
+
 READ_CHUNK = 1 << 20
 
 
@@ -79,7 +88,7 @@ def _read_body() -> bytes:
 def _loads(body: bytes) -> Any:
     """Strict JSON: NaN and Infinity are refused by name, deep nesting is a 400 too."""
     try:
-        return json.loads(body, parse_constant=_non_finite)
+        return json.loads(body, parse_constant=_non_finite, parse_float=_finite)
     except _NotJSON as exc:
         raise invalid(f"the body is not valid JSON: {exc}") from None
     except RecursionError:

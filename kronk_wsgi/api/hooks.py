@@ -81,16 +81,23 @@ def _check_auth() -> None:
     else:
         keys, what = settings.api_keys, "API key"
     if not keys:
+        g.kronk_record.admin = not settings.api_keys
         return
     header = request.headers.get("Authorization", "")
     given = header[7:] if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-    # Compare against every key, so the time taken does not tell which one nearly matched.
+    if not _one_of(given, keys):
+        raise ApiError(401, f"invalid or missing {what}", code="invalid_api_key")
+    g.kronk_record.owner = owner_of(given)
+    g.kronk_record.admin = _one_of(given, settings.admin_keys)
+
+
+def _one_of(given: str, keys: list[str]) -> bool:
+    """Whether ``given`` is one of ``keys``, compared with every one: the time taken does not tell which one
+    nearly matched."""
     matched = False
     for key in keys:
         matched |= hmac.compare_digest(given.encode(), key.encode())
-    if not matched:
-        raise ApiError(401, f"invalid or missing {what}", code="invalid_api_key")
-    g.kronk_record.owner = owner_of(given)
+    return matched
 
 
 def _start() -> None:

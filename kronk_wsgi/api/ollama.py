@@ -79,8 +79,8 @@ class Options(Strict):
     top_k: Optional[Annotated[int, pydantic.Field(ge=0)]] = None
     top_p: Optional[Annotated[float, pydantic.Field(gt=0, le=1)]] = None
     min_p: Optional[Annotated[float, pydantic.Field(ge=0, le=1)]] = None
-    temperature: Optional[Annotated[float, pydantic.Field(ge=0)]] = None
-    repeat_penalty: Optional[Annotated[float, pydantic.Field(gt=0, le=10)]] = None
+    temperature: Optional[Annotated[float, pydantic.Field(ge=0, le=100)]] = None  # past 100: as flat as it gets
+    repeat_penalty: Optional[Annotated[float, pydantic.Field(ge=0.01, le=10)]] = None
     repeat_last_n: Optional[Annotated[int, pydantic.Field(ge=-1)]] = None
     presence_penalty: Optional[Annotated[float, pydantic.Field(ge=-2, le=2)]] = None
     frequency_penalty: Optional[Annotated[float, pydantic.Field(ge=-2, le=2)]] = None
@@ -459,23 +459,40 @@ def _capabilities(facts: ModelFacts, template: str) -> list[str]:
 
 # -- generating -------------------------------------------------------------------------------------------------
 
+MAX_KEEP_ALIVE = 10 * 365 * 86400
+
+
 def keep_alive_seconds(value: Optional[Duration]) -> Optional[float]:
     """A keep_alive as seconds (negative: for good); None if not given. 400 if it is not a duration."""
     if value is None:
         return None
     if isinstance(value, (int, float)):
-        return float(value)
-    text = value.strip()
-    if re.fullmatch(r"-?\d+(\.\d+)?", text):
-        return float(text)
-    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-    match = re.fullmatch(r"(-?)((?:\d+(?:\.\d+)?(?:h|ms|m|s|us|µs|ns))+)", text)
-    if match is None:
-        raise invalid(f"keep_alive {value[:50]!r} is not a duration such as 5m, 1h30m or 300 (seconds)",
-                      param="keep_alive")
-    total = sum(float(number) * units[unit] for number, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)",
-                                                                          match.group(2)))
-    return -total if match.group(1) else total
+        seconds = float(value)
+    elif re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
+        seconds = float(value.strip())
+    else:
+        units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+        match = re.fullmatch(r"(-?)((?:\d+(?:\.\d+)?(?:h|ms|m|s|us|µs|ns))+)", value.strip())
+        if match is None:
+            raise invalid(f"keep_alive {value[:50]!r} is not a duration such as 5m, 1h30m or 300 (seconds)",
+                          param="keep_alive")
+        seconds = sum(float(number) * units[unit]
+                      for number, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)", match.group(2)))
+        seconds = -seconds if match.group(1) else seconds
+    if seconds > MAX_KEEP_ALIVE:
+        raise invalid(f"keep_alive is longer than {MAX_KEEP_ALIVE:.0f} seconds (ten years); a negative one keeps "
+                      "the model loaded for good", param="keep_alive")
+    return seconds
+
+
+def requested_keep_alive(value: Optional[Duration]) -> Optional[float]:
+    """A request's keep_alive as seconds (``keep_alive_seconds``); 0, which unloads the model for everyone, is 403
+    unless the request's key is an admin key (or the server has no keys)."""
+    seconds = keep_alive_seconds(value)
+    if seconds == 0 and not record().admin:
+        raise ApiError(403, "keep_alive 0 unloads the model for everyone: on a server with API keys that takes an "
+                       "admin key (or POST /admin/models/{id}/unload)", code="admin_only", param="keep_alive")
+    return seconds
 
 
 def sampling(options: Options) -> SamplingParams:
@@ -542,7 +559,7 @@ def chat():
     for index, message in enumerate(body.messages):
         _no_images(message.images, f"messages[{index}].images")
     model_id = model_id_of(body.model)
-    keep = keep_alive_seconds(body.keep_alive)
+    keep = requested_keep_alive(body.keep_alive)
     if not body.messages:
         return _load_or_unload(model_id, body.model, keep, chat=True)
     tools = None
@@ -571,7 +588,7 @@ def generate():
     if body.context:
         raise invalid("context is not kept here: send the conversation to /api/chat", param="context")
     model_id = model_id_of(body.model)
-    keep = keep_alive_seconds(body.keep_alive)
+    keep = requested_keep_alive(body.keep_alive)
     if not body.prompt and body.suffix is None:
         return _load_or_unload(model_id, body.model, keep, chat=False)
     if body.suffix is not None:
@@ -748,7 +765,7 @@ def embed():
     if body.dimensions is not None:
         raise invalid("dimensions is not supported: these models give vectors of one size", param="dimensions")
     model_id = model_id_of(body.model)
-    keep = keep_alive_seconds(body.keep_alive)
+    keep = requested_keep_alive(body.keep_alive)
     inputs = [body.input] if isinstance(body.input, str) else body.input
     started = time.monotonic()
     session = start_embedding(model_id, inputs, param="input", truncate=body.truncate)
@@ -767,7 +784,7 @@ def embeddings():
     """The older endpoint: one text's embedding."""
     body = parse_body(EmbeddingsBody, json_type=False)
     model_id = model_id_of(body.model)
-    keep = keep_alive_seconds(body.keep_alive)
+    keep = requested_keep_alive(body.keep_alive)
     if not body.prompt:
         return jsonify({"embedding": []})
     output, _ = run_to_end(start_embedding(model_id, [body.prompt], param="prompt"))

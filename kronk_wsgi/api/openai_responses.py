@@ -1,6 +1,7 @@
 """/v1/responses: OpenAI's Responses API, streamed or whole; responses kept for GET and previous_response_id."""
 
 import json
+import re
 import time
 import uuid
 from typing import Annotated, Any, Callable, Iterator, Literal, Optional, Union
@@ -597,7 +598,7 @@ def get_response(response_id: str):
     if not found.get("background"):
         raise invalid("only a background response's stream can be read again", param="stream")
     after = flask.request.args.get("starting_after", "-1")
-    if not after.lstrip("-").isdigit():
+    if not re.fullmatch(r"-?[0-9]{1,15}", after):
         raise invalid(f"starting_after must be an event's sequence number, not {after[:50]!r}",
                       param="starting_after")
     frames = resumed(kronk, record().owner, response_id, int(after), kronk.settings.keepalive_interval,

@@ -48,6 +48,7 @@ class RequestRecord:
     model: Optional[str] = None
     response_id: Optional[str] = None  # the id of the completion, message or response made
     owner: str = ""  # whose stored responses the request may see (response_store.owner_of its API key)
+    admin: bool = False  # its key is an admin key (or the server has no keys)
     not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run
     error: Optional[str] = None  # what an error response said, for the request's log line
     status: int = 0

@@ -400,3 +400,30 @@ def test_ollamas_javascript_client(served):
     assert seen["generated"]["done"] and seen["generated"]["eval_count"] == 3
     assert seen["vectors"] == 2
     assert seen["missing"] == {"status": 404, "message": "model 'nope' not found, try pulling it first"}
+
+
+def test_names_resolve_exactly_and_never_shadow_or_delete_a_configured_model(tiny_model, tmp_path):
+    with FakeHub() as fake:
+        fake.add_file(REPO, tiny_model, "tiny.Q8_0.gguf")
+        models = json.dumps({"local": {"path": str(tiny_model)}, "hubbed": {"repo_id": REPO, "quant": "Q8_0"}})
+        env = {"HF_ENDPOINT": fake.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1",
+               "KRONK_MODELS": models, "KRONK_DEFAULT_MODEL": "local"}
+        with run_server(tmp_path, env) as server:
+            client = ollama.Client(host=server.url)
+            assert [p.status for p in client.pull(f"hf.co/{REPO}:Q8_0", stream=True)][-1] == "success"
+            listed = len(requests.get(server.url + "/v1/models", timeout=30).json()["data"])
+            for variant in (f"hf.co/{REPO}:q8_0", f"hf.co/{REPO}:Q8_0"):  # the file the configured model serves
+                with pytest.raises(ollama.ResponseError) as caught:
+                    client.delete(variant)
+                assert caught.value.status_code == 400 and "configuration" in caught.value.error
+            assert client.generate("hubbed", "Hello", options={"num_predict": 2}).done
+            for name in ("local:latest", "LOCAL", f"hf.co/{REPO}:q8_0"):
+                with pytest.raises(ollama.ResponseError) as caught:
+                    client.copy("local", name)
+                assert caught.value.status_code == 400
+            for made_up in (f"hf.co/{REPO}:tInY", f"hf.co/{REPO}:Q8", f"hf.co/{REPO}:gguf"):
+                with pytest.raises(ollama.ResponseError) as caught:
+                    client.show(made_up)
+                assert caught.value.status_code == 404
+            assert len(requests.get(server.url + "/v1/models", timeout=30).json()["data"]) == listed
+            assert client.show("local:LATEST").details is not None  # a tag is case-insensitive, as Ollama has it

@@ -276,23 +276,56 @@ def _hub_source(name: str) -> Optional[tuple[str, Optional[str]]]:
     return repo_id, None if tag in (None, "latest") else tag
 
 
-def _find(models: dict[str, ModelSpec], name: str) -> Optional[str]:
-    """Runs in a worker thread: the model id a name answers for, adopting a cached hub file; None if none."""
-    name = _aliases().get(name, name)
-    for candidate in (name, name.removesuffix(":latest")):
-        if candidate in models:
-            return candidate
+def _configured(models: dict[str, ModelSpec], name: str) -> Optional[str]:
+    """Runs in a worker thread: the model a name answers for as Ollama resolves names (case-insensitive, no tag
+    meaning ``latest``), and a hub name the file of a model answers for; None if none."""
+    base, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
+    for model_id in models:
+        id_base, _, id_tag = model_id.rpartition(":") if ":" in model_id.rsplit("/", 1)[-1] else (model_id, "", "latest")
+        if id_base.lower() == base.lower() and id_tag.lower() == tag.lower():
+            return model_id
     source = _hub_source(name)
     if source is None:
         return None
     repo_id, quant = source
     for model_id, spec in models.items():
-        if spec.repo_id == repo_id and quant in (None, spec.quant, spec.filename):
+        if spec.repo_id == repo_id and (quant is None or quant.lower() in (
+                (spec.quant or "").lower(), (spec.filename or "").lower(), _tag(spec.filename or "").lower())):
             return model_id
-    if hub.cached_path(repo_id, quant) is None:
+    return None
+
+
+def _find(models: dict[str, ModelSpec], name: str) -> Optional[str]:
+    """Runs in a worker thread: the model id a name answers for, a model first, then a name /api/copy made, then a
+    GGUF file in the hub's cache, served under its one canonical name (``hf.co/{repo}:{quantization}``), never
+    under a variant of it; the file of a model is that model. None if none."""
+    found = _configured(models, name)
+    if found is not None:
+        return found
+    alias = _aliases().get(name)
+    if alias is not None:
+        return _configured(models, alias) or (_adopted(models, alias) if alias != name else None)
+    return _adopted(models, name)
+
+
+def _adopted(models: dict[str, ModelSpec], name: str) -> Optional[str]:
+    source = _hub_source(name)
+    if source is None:
         return None
-    models[name] = ModelSpec(repo_id=repo_id, quant=quant)  # a pulled file is served as it is
-    return name
+    repo_id, quant = source
+    for cached in hub.cached_files():
+        tag = _tag(cached.filename)
+        if cached.repo_id != repo_id or (quant is not None and quant.lower() not in (tag.lower(), cached.filename.lower())):
+            continue
+        path = cached.path.resolve()
+        for model_id, spec in models.items():  # the file of a model: that model, under its own name
+            served = local_file(spec)
+            if served is not None and served.resolve() == path:
+                return model_id
+        canonical = f"hf.co/{repo_id}:{tag}"
+        models.setdefault(canonical, ModelSpec(repo_id=repo_id, filename=cached.filename))  # served as it is
+        return canonical
+    return None
 
 
 def model_id_of(name: str) -> str:
@@ -863,7 +896,8 @@ def delete():
     model_id = model_id_of(name)
     kronk = state()
     spec = kronk.settings.models[model_id]
-    if model_id != name or spec.repo_id is None or _hub_source(name) is None:
+    pulled = spec.repo_id is not None and spec == ModelSpec(repo_id=spec.repo_id, filename=spec.filename)
+    if not pulled or _hub_source(model_id) is None:
         raise invalid(f"{name!r} is in the server's configuration: remove it there", param="model")
     if kronk.pool.loaded_model(model_id) is not None and not kronk.pool.unload(model_id, "deleted"):
         raise ApiError(409, f"{name!r} is in use: delete it once its requests end", code="model_in_use")
@@ -889,8 +923,10 @@ def copy():
     """Another name for a model, kept in the cache directory for every worker."""
     body = parse_body(CopyBody, json_type=False)
     model_id_of(body.source)
-    if body.destination in state().settings.models:
-        raise invalid(f"{body.destination!r} is a configured model's name", param="destination")
+    models = state().settings.models
+    if offload.call(gevent.get_hub().threadpool, _configured, models, body.destination) is not None:
+        raise invalid(f"{body.destination!r} already answers for a model: a copy cannot take its name",
+                      param="destination")
     aliases = _aliases()
     aliases[body.destination] = aliases.get(body.source, body.source)
     offload.call(gevent.get_hub().threadpool, _write_aliases, aliases)

@@ -4,6 +4,7 @@ that did not hold, and cross-site requests. Each test failed on the code before 
 import json
 import math
 import os
+import socket
 import threading
 import time
 
@@ -273,3 +274,17 @@ def test_unloading_through_keep_alive_takes_an_admin_key(tiny_model, tmp_path):
         loaded = requests.get(server.url + "/api/ps", headers={"Authorization": "Bearer user"}, timeout=30).json()
         assert [m["name"] for m in loaded["models"]] == ["tiny:latest"]
         assert unload("boss").json()["done_reason"] == "unload"
+
+
+def test_smaller_findings_of_round_three(server):
+    pull = requests.post(server.url + "/api/pull", json={"model": "hf.co/x/y:Q4_K_M\n"}, timeout=30)
+    assert pull.status_code == 400
+    shown = requests.post(server.url + "/api/show", json={"model": "tiny"}, timeout=30).json()
+    assert shown["modelfile"].splitlines()[1] == "FROM tiny.gguf"  # the file's name, not the server's directories
+    metrics = requests.get(server.url + "/metrics", timeout=30)
+    assert metrics.headers["Content-Type"].count("charset") == 1
+    raw = socket.create_connection((server.host, server.port), timeout=30)
+    raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert raw.recv(100).startswith(b"HTTP/1.1 501")
+    raw.close()

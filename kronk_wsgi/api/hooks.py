@@ -67,6 +67,14 @@ def _check_origin() -> None:
                    code="origin_not_allowed")
 
 
+def _check_coding() -> None:
+    """501 for a body in a transfer coding other than chunked (``gzip, chunked``): it would be read as plain."""
+    codings = [c.strip().lower() for c in request.environ.get("HTTP_TRANSFER_ENCODING", "").split(",") if c.strip()]
+    if any(coding not in ("chunked", "identity") for coding in codings):
+        raise ApiError(501, "request bodies are taken plain or chunked, in no other transfer coding",
+                       code="transfer_coding_not_supported")
+
+
 def _check_auth() -> None:
     settings = state().settings
     path = api_path()
@@ -111,6 +119,7 @@ def _start() -> None:
     request.max_content_length = state().settings.max_body_bytes
     _check_host()
     _check_origin()
+    _check_coding()
     _check_auth()
 
 

@@ -52,7 +52,7 @@ PROTOCOL = Protocol("ollama", bp, prefixes=("/api/",), error_body=lambda error: 
                     framing=NDJSON)
 
 VERSION = "0.13.0"  # the Ollama release whose API this module answers
-HUB_NAME = re.compile(r"^(?:hf\.co|huggingface\.co)/([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?$")
+HUB_NAME = re.compile(r"(?:hf\.co|huggingface\.co)/([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?\Z")
 QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32)(?=\.gguf$|[.-])", re.IGNORECASE)
 NEVER = "2318-01-01T00:00:00Z"  # expires_at of a model kept loaded for good (Ollama's far future)
 ALIASES = "ollama-aliases.json"  # /api/copy's names, in the cache directory: every worker and restart sees them
@@ -467,7 +467,7 @@ def show():
         info[f"{facts.architecture}.context_length"] = context  # the context served here
     template = facts.template_source(spec.chat_template)
     return jsonify({
-        "modelfile": f"# Served by kronk-wsgi {__version__}\nFROM {path}\n", "parameters": _parameters(),
+        "modelfile": f"# Served by kronk-wsgi {__version__}\nFROM {path.name}\n", "parameters": _parameters(),
         "template": template, "details": _details(facts), "model_info": info,
         "capabilities": _capabilities(facts, template), "modified_at": _timestamp(path.stat().st_mtime),
     })

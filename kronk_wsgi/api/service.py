@@ -72,4 +72,4 @@ def readiness():
 @bp.get("/metrics")
 def metrics():
     """Prometheus metrics of the server (of this app, when embedded)."""
-    return Response(state().metrics.exposition(), mimetype=CONTENT_TYPE_LATEST)
+    return Response(state().metrics.exposition(), content_type=CONTENT_TYPE_LATEST)

@@ -320,6 +320,29 @@ def test_a_sliding_window_model_reuses_prefixes_and_recomputes_what_its_window_d
     assert reused == 0 and answer == greedy(fresh, early, 8)[0]
 
 
+@needs_llamacpp
+def test_a_sliding_window_state_restored_after_an_eviction_serves_the_next_turn(gemma3, tmp_path):
+    engine = llamacpp_engine.LlamaCppEngine("gemma", gemma3, context_length=8192)
+    (slot,) = engine.new_slots(1, 2)
+    cache = slot.state_cache = PromptCache(engine.state_identity(), 500 * MB, None, 0)
+    tokenizer = engine.tokenizer
+    prompt = tokenizer.prompt("The history of the lighthouse keepers on the northern coast. " * 200)  # 4x the window
+    reply, _, _ = greedy(slot, prompt, 8)
+    slot.keep_state()  # the answer is out
+    greedy(slot, tokenizer.prompt("A recipe for bread with flour, water, salt and time. " * 100), 2)  # evicts it
+    cache.take_counts()
+    # The next turn writes the answer back otherwise than it was sampled (as clients do): it leaves the saved
+    # prompt-and-answer early, so only the state saved at the prompt's end can serve it.
+    turn = prompt + reply[:3] + tokenizer.encode(" (edited) And then?")
+    answer, _, reused = greedy(slot, turn, 4)
+    counts = cache.take_counts()
+    assert reused == len(prompt) and counts.hits == 1 and counts.restored_tokens == len(prompt)
+    plain = llamacpp_engine.LlamaCppEngine("gemma", gemma3, context_length=8192)
+    (fresh,) = plain.new_slots(1, 2)
+    fresh.prefill(prompt)  # the same calls, so that the numbers are the same to the last bit
+    assert answer == greedy(fresh, turn, 4)[0]
+
+
 def test_the_memory_estimate_follows_the_sliding_window(gemma3):
     model = read_gguf(gemma3)
     full_size = 18 * 32768 * (256 + 256) * 2  # every layer over the whole context, as before

@@ -56,6 +56,9 @@ class Slot(abc.ABC):
 
     # Prompt tokens per engine call: the engine's speed, against how soon a cancel is seen (each engine sets its own).
     prefill_chunk: int
+    # Its cache keeps only the last window of tokens in some layers: a saved state serves only a prompt that continues
+    # all of it, so the state at each prompt's end (the next turn's prefix) is saved too.
+    sliding_window = False
 
     def __init__(self) -> None:
         self.cached: list[int] = []  # tokens whose keys and values are in the cache
@@ -114,6 +117,8 @@ class Slot(abc.ABC):
             keep, branch = self._restore(tokens, keep, _branch(shared, tokens, self.cached))
             # A point at or past the last token would save none of this prompt's work.
             self._saves = sorted(p for p in {branch, *save_at} if max(keep, MIN_TOKENS) <= p < len(tokens))
+            if self.sliding_window and len(tokens) >= MIN_TOKENS:
+                self._saves.append(len(tokens))
         keep = self.reusable(keep)
         del self.cached[keep:]
         if cache is not None and len(tokens) >= MIN_TOKENS and any(p >= len(tokens) for p in save_at):
@@ -140,6 +145,8 @@ class Slot(abc.ABC):
                 end = min(end, saves[0])
             self.decode(tokens[start:end])
             start = end
+        if saves:  # the prompt's end (sliding_window)
+            self.keep_state(waited_for=True)
 
     def _restore(self, tokens: Sequence[int], keep: int, branch: int) -> tuple[int, int]:
         """Before a prompt overwrites what the slot holds, save that (if it is worth it and not saved yet); then
@@ -149,7 +156,7 @@ class Slot(abc.ABC):
         cache = self.state_cache
         if len(self.cached) - keep >= MIN_TOKENS:
             self.keep_state(waited_for=True)
-        found = cache.find(tokens, self.scope, better_than=keep)
+        found = cache.find(tokens, self.scope, better_than=keep, whole=self.sliding_window)
         if found is None:
             return keep, branch
         shared, saved, state = found

@@ -396,6 +396,7 @@ class LlamaCppSlot(Slot):
         self._logits: Optional[np.ndarray] = None
         self._embedding: Optional[np.ndarray] = None
         self._cancelled: Optional[Callable[[], bool]] = None  # the prefill's, while one runs
+        self.sliding_window = bool(engine._n_swa)
 
     @property
     def prefill_chunk(self) -> int:

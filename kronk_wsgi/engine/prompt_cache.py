@@ -126,9 +126,9 @@ class PromptCache:
         self.disk_dir = self.root / self.identity.hex()[:16] if self.root is not None else None
         self.disk_bytes = disk_bytes
         self._ram: collections.OrderedDict[bytes, Entry] = collections.OrderedDict()  # by full hash, LRU first
-        self._index: dict[bytes, bytes] = {}  # block hash -> full hash of an entry in RAM that has that prefix
+        self._index: dict[bytes, list[bytes]] = {}  # block hash -> full hashes of the entries in RAM with that prefix
         self._disk: dict[bytes, Entry] = {}  # full hash -> disk entry (tokens read, state not)
-        self._disk_index: dict[bytes, bytes] = {}
+        self._disk_index: dict[bytes, list[bytes]] = {}
         self._seen_files: set[str] = set()
         self._reported: collections.OrderedDict[str, None] = collections.OrderedDict()  # unusable files, told once
         self._key_prompts: collections.OrderedDict[tuple[bytes, str], list[bytes]] = collections.OrderedDict()
@@ -158,34 +158,35 @@ class PromptCache:
 
     # -- looking up ---------------------------------------------------------------------------------------------
 
-    def find(self, tokens: Sequence[int], scope: str = "", better_than: int = 0
+    def find(self, tokens: Sequence[int], scope: str = "", better_than: int = 0, whole: bool = False
              ) -> Optional[tuple[int, tuple[int, ...], bytes]]:
         """The saved state sharing the longest block-aligned prefix with ``tokens`` in ``scope``, if it serves more
         than ``better_than`` of them (what the slot holds already; at least the last token is evaluated): how many
         tokens it shares, the tokens it holds (it may hold more), and the state. A disk entry read comes into RAM
         too. If the longest is an announced entry, waits for its state (up to PENDING_SECONDS after the
-        announcement). Only a state returned counts as a hit."""
+        announcement). With ``whole``, only a state the prompt continues all of (a sliding-window cache's). Only a
+        state returned counts as a hit."""
         hashes = block_hashes(tokens, scope_seed(scope))
         while True:
             with self._lock:
                 self._scan_disk()
                 try:
-                    return self._find(tokens, hashes, better_than)
+                    return self._find(tokens, hashes, better_than, whole)
                 except _Wait:
                     pass
             _sleep(PENDING_POLL_SECONDS)
 
-    def _find(self, tokens: Sequence[int], hashes: list[bytes], better_than: int
+    def _find(self, tokens: Sequence[int], hashes: list[bytes], better_than: int, whole: bool
               ) -> Optional[tuple[int, tuple[int, ...], bytes]]:
         # An entry found at a block count shares less than one block more: fewer blocks cannot serve more.
         for blocks in range(len(hashes), max(0, better_than // BLOCK - 1), -1):
-            for index, tier in ((self._index, self._ram), (self._disk_index, self._disk)):
-                key = index.get(hashes[blocks - 1])
-                entry = tier.get(key) if key is not None else None
-                if entry is None:
-                    continue
-                shared = _shared(tokens, entry.tokens)
+            found = [(key, tier[key]) for index, tier in ((self._index, self._ram), (self._disk_index, self._disk))
+                     for key in index.get(hashes[blocks - 1], ()) if key in tier]
+            for shared, key, entry in sorted(((_shared(tokens, e.tokens), k, e) for k, e in found),
+                                             key=lambda candidate: -candidate[0]):  # RAM first of equals
                 if shared < blocks * BLOCK or min(shared, len(tokens) - 1) <= better_than:  # a collision, or no gain
+                    continue
+                if whole and (shared < len(entry.tokens) or shared >= len(tokens)):  # not continued all of
                     continue
                 if entry.pending:
                     if time.time() - _mtime(entry.path) < PENDING_SECONDS:
@@ -499,17 +500,22 @@ class PromptCache:
             self._counts.evicted_disk += 1
 
 
-def _add(index: dict[bytes, bytes], key: bytes, entry: Entry) -> None:
+def _add(index: dict[bytes, list[bytes]], key: bytes, entry: Entry) -> None:
     """Index an entry at each of its block boundaries."""
     for block_hash in entry.hashes:
-        index[block_hash] = key
+        keys = index.setdefault(block_hash, [])
+        if key not in keys:
+            keys.append(key)
 
 
-def _remove(index: dict[bytes, bytes], key: bytes, entry: Entry) -> None:
-    """Take an entry out of an index, where another entry has not taken its place."""
+def _remove(index: dict[bytes, list[bytes]], key: bytes, entry: Entry) -> None:
+    """Take an entry out of an index."""
     for block_hash in entry.hashes:
-        if index.get(block_hash) == key:
-            del index[block_hash]
+        keys = index.get(block_hash, [])
+        if key in keys:
+            keys.remove(key)
+            if not keys:
+                del index[block_hash]
 
 
 def _full_key(hashes: list[bytes], tokens: Sequence[int]) -> bytes:

@@ -510,6 +510,53 @@ def balancers_side_by_side(tokens: int, rounds: int) -> list[tuple[str, str]]:
     return rows
 
 
+def next_turns(llama_server: Optional[str], rounds: int) -> list[tuple[str, str]]:
+    """An agent's rhythm: a ~1,100-token prompt, then the same prompt plus a few words sent as soon as the answer
+    arrived, on two slots (SmolLM2, llama.cpp), one worker and two; and llama-server, if given. Each round is a
+    new conversation on every server, in turns; the table gives medians of the next turn's time to first token."""
+    path = fetch_smollm2()
+    workdir = ROOT / "bench" / "results" / "next-turns"
+    workdir.mkdir(parents=True, exist_ok=True)
+    models = json.dumps({"bench": {"path": str(path), "engine": "llama.cpp", "context_length": 4096}})
+    configs = {"kronk, 1 worker": {"KRONK_MODELS": models, "KRONK_PARALLEL": 2, "KRONK_THREADS": 2},
+               "kronk, 2 workers": {"KRONK_MODELS": models, "KRONK_PARALLEL": 1, "KRONK_THREADS": 1,
+                                    "KRONK_WORKERS": 2}}
+    results: dict[str, list[dict]] = {}
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for name, env in configs.items():
+            shutil.rmtree(workdir / name, ignore_errors=True)
+            (workdir / name).mkdir()
+            urls[name] = stack.enter_context(run_server(workdir / name, {
+                **env, "KRONK_PROMPT_CACHE_DIR": str(workdir / name / "prompt-cache")})).url
+        if llama_server:
+            urls["llama-server"] = stack.enter_context(llama_server_running(llama_server, path, 2, 2, 4096))
+        for url in urls.values():
+            chat_turn(url, [{"role": "user", "content": "Hello"}], 2)
+        for round_ in range(rounds):
+            document = f"Notes, round {round_}. " + " ".join(
+                f"Fact {i} about {TOPICS[round_ % len(TOPICS)]} is worth knowing." for i in range(110))
+            order = list(urls) if round_ % 2 == 0 else list(reversed(urls))
+            for name in order:
+                first = chat_turn(urls[name], [{"role": "user", "content": document}], 4)
+                then = chat_turn(urls[name], [{"role": "user", "content": document + " and more"}], 4)
+                results.setdefault(name, []).append({"first": first, "next": then})
+    (workdir / "latest.json").write_text(json.dumps(results, indent=2))
+    rows = []
+    for name, runs in results.items():
+        first = statistics.median(r["first"]["ttft_s"] for r in runs)
+        then = statistics.median(r["next"]["ttft_s"] for r in runs)
+        cached = statistics.median(r["next"]["cached_tokens"] / max(1, r["next"]["prompt_tokens"]) for r in runs)
+        rows.append((f"{name}: first turn ({runs[0]['first']['prompt_tokens']} tokens) / next turn, s",
+                     f"{first:.2f} / {then:.2f} (next read {cached:.0%} from the cache)"))
+    if llama_server:
+        server = statistics.median(r["next"]["ttft_s"] for r in results["llama-server"])
+        for name in configs:
+            mine = statistics.median(r["next"]["ttft_s"] for r in results[name])
+            rows.append((f"{name}: next turn / llama-server's", f"{mine / server:.2f}"))
+    return rows
+
+
 def agent_prompt() -> list[tuple[str, str]]:
     """A ~20k-token agent prompt on Gemma 3 (32k context, llama.cpp, one slot), then resent with one more turn."""
     path = fetch_gemma3()
@@ -675,16 +722,18 @@ def main() -> None:
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--conversations", action="store_true", help="six conversations beyond two slots instead")
     parser.add_argument("--balancers", action="store_true", help="direct, through nginx and the router, instead")
+    parser.add_argument("--next-turns", action="store_true", help="next turns sent as soon as the answer arrived")
     parser.add_argument("--agent", action="store_true", help="a 20k-token agent prompt on Gemma 3, resent, instead")
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
-    parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations)")
+    parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations, "
+                        "--next-turns)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines, --balancers)")
     args = parser.parse_args()
     chosen = {
         "engines": lambda: engines_side_by_side(args.tokens, args.llama_server, args.rounds),
         "storm": body_storm, "idle": idle_flood, "grammar": lambda: grammar_cost(args.tokens),
         "chunks": prefill_chunks, "stalls": stall_probes, "conversations": lambda: conversations(args.llama_server),
-        "agent": agent_prompt, "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
+        "agent": agent_prompt, "next_turns": lambda: next_turns(args.llama_server, args.rounds), "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
     }
     for name, run in chosen.items():
         if getattr(args, name):

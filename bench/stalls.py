@@ -6,6 +6,8 @@ stream's largest gap. ``bench/run.py --stalls`` runs it; ``--storm`` and ``--idl
 """
 
 import json
+import os
+import shutil
 import socket
 import sqlite3
 import threading
@@ -19,6 +21,7 @@ from kronk_wsgi.engine.demo_model import ensure_demo_model
 from kronk_wsgi.testing import run_server
 
 HI = [{"role": "user", "content": "hi"}]
+LONG = "A prompt long enough to be worth a prompt-cache entry. " * 20
 
 
 def _json_format(schema: dict) -> dict:
@@ -73,7 +76,27 @@ def probes(url: str, host: str, port: int, store: Path) -> dict[str, Callable[[]
             locker.rollback()
             locker.close()
 
+    def grammars() -> None:  # round 3, item 1: 1,000 nested GBNF rules (converted), 4,000 (refused)
+        for rules in (1000, 4000):
+            gbnf = "\n".join(["root ::= r0"] + [f'r{i} ::= "(" r{i + 1} ")" | "x"' for i in range(rules)]
+                             + [f'r{rules} ::= "y"'])
+            _post(url, {"model": "fast", "messages": HI, "max_tokens": 2, "grammar": gbnf})
+
+    def cache_files() -> None:  # round 3, item 3: a FIFO, a stray name, a directory and a forged entry
+        (directory,) = [d for d in (store.parent / "prompt-cache").iterdir() if d.is_dir()]
+        os.mkfifo(directory / ("ab" * 16 + ".kv"))
+        (directory / "zz-not-hex.kv").write_bytes(b"x")
+        (directory / ("cd" * 16 + ".kv")).mkdir()
+        for entry in directory.glob("*.kv"):
+            if entry.is_file() and entry.stat().st_size > 1000:
+                data = bytearray(entry.read_bytes())
+                data[-100] ^= 1
+                entry.write_bytes(bytes(data))
+        for i in range(3):
+            _post(url, {"model": "cached", "messages": [{"role": "user", "content": LONG + str(i)}], "max_tokens": 2})
+
     return {"quiet (baseline)": lambda: time.sleep(5), "1.4 MB of schema patterns": patterns,
+            "GBNF grammars of 1,000 and 4,000 rules": grammars, "untrustworthy prompt-cache files": cache_files,
             "9,000 prefixItems, 6,000 properties": large_schemas, "n=16 x 2,000 tokens, top_logprobs 20": many_logprobs,
             "a client that never reads 8 MB": never_reads, "the Responses store locked": locked_store}
 
@@ -122,13 +145,17 @@ def stall_probes() -> list[tuple[str, str]]:
     workdir = Path(__file__).resolve().parent / "results" / "stalls"
     workdir.mkdir(parents=True, exist_ok=True)
     path = ensure_demo_model("tiny")
-    models = {"slow": {"path": str(path), "engine": "kronk_wsgi.testing.faulty:KIND"}, "fast": {"path": str(path)}}
+    models = {"slow": {"path": str(path), "engine": "kronk_wsgi.testing.faulty:KIND"}, "fast": {"path": str(path)},
+              "cached": {"path": str(path), "engine": "llama.cpp"}}
     store = workdir / "responses.sqlite3"
+    shutil.rmtree(workdir / "prompt-cache", ignore_errors=True)
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "slow", "KRONK_TEST_STEP_DELAY": "0.05",
-           "KRONK_WRITE_TIMEOUT": 5, "KRONK_PARALLEL": 2, "KRONK_RESPONSES_DB": str(store)}
+           "KRONK_WRITE_TIMEOUT": 5, "KRONK_PARALLEL": 2, "KRONK_RESPONSES_DB": str(store),
+           "KRONK_PROMPT_CACHE_DIR": str(workdir / "prompt-cache")}
     rows = []
     with run_server(workdir, env) as server:
-        _post(server.url, {"model": "fast", "messages": HI, "max_tokens": 2})  # both models loaded, the store made
+        _post(server.url, {"model": "fast", "messages": HI, "max_tokens": 2})  # the models loaded, the store made
+        _post(server.url, {"model": "cached", "messages": [{"role": "user", "content": LONG}], "max_tokens": 2})
         requests.post(server.url + "/v1/responses", json={"model": "fast", "input": "hi", "max_output_tokens": 2},
                       timeout=60)
         for name, probe in probes(server.url, server.host, server.port, store).items():

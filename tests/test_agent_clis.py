@@ -3,7 +3,8 @@
 The CLIs come from npm (.ci/run installs them into KRONK_TEST_NODE_MODULES). Gemma 3 270M is a base model:
 its replies to an agent's 10k-token prompt are noise of any length, so the model is configured, as an Ollama
 Modelfile would configure a base model, to end its turn at a blank line. What is tested is the clients' side:
-each runs to its end, exits 0, and every request it made is a 200.
+each runs to its end, exits 0, and every request it made is a 200; and a second session right after the first
+reads its prompt from the prompt cache.
 """
 
 import json
@@ -45,32 +46,53 @@ def run_cli(command: list[str], home: Path, env: dict) -> subprocess.CompletedPr
                           env={"PATH": os.environ["PATH"], "HOME": str(home), **env})
 
 
-def test_claude_code(gemma_server, tmp_path):
+def main_request(entries: list[dict]) -> dict:
+    """A session's main request: the one with the longest prompt."""
+    return max(entries, key=lambda entry: entry.get("prompt_tokens") or 0)
+
+
+def claude_code(gemma_server, home: Path) -> tuple[dict, list[dict]]:
+    """One headless Claude Code session: its result, and the requests it made."""
     since = len(gemma_server.logs().splitlines())
-    ran = run_cli([str(NODE_MODULES / ".bin" / "claude"), "-p", "say hi", "--output-format", "json"], tmp_path, {
+    ran = run_cli([str(NODE_MODULES / ".bin" / "claude"), "-p", "say hi", "--output-format", "json"], home, {
         "ANTHROPIC_BASE_URL": gemma_server.url, "ANTHROPIC_AUTH_TOKEN": "unused", "ANTHROPIC_MODEL": "gemma",
         "ANTHROPIC_SMALL_FAST_MODEL": "gemma", "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     })
     assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
-    result = json.loads(ran.stdout)
-    assert result["is_error"] is False and result["stop_reason"] == "end_turn"
-    usage = result["usage"]
-    assert usage["input_tokens"] + usage["cache_read_input_tokens"] > 5000  # Claude Code's own prompt, read here
     made = [entry for entry in gemma_server.completed(since) if entry["route"] not in PROBES]
     assert made and {entry["route"] for entry in made} <= {"/v1/messages", "/v1/models"}
     assert [entry["status"] for entry in made] == [200] * len(made)
+    return json.loads(ran.stdout), made
 
 
-def test_codex_cli(gemma_server, tmp_path):
+def test_claude_code_twice(gemma_server, tmp_path):
+    result, _ = claude_code(gemma_server, tmp_path)
+    assert result["is_error"] is False and result["stop_reason"] == "end_turn"
+    usage = result["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] > 5000  # Claude Code's own prompt, read here
+    _, made = claude_code(gemma_server, tmp_path)  # a new session: its billing header differs, nothing else
+    main = main_request(made)
+    assert main["cached_tokens"] >= 0.95 * main["prompt_tokens"], main
+
+
+def codex(gemma_server, home: Path) -> list[dict]:
+    """One Codex CLI session: the requests it made."""
     since = len(gemma_server.logs().splitlines())
-    (tmp_path / "codex").mkdir()
-    (tmp_path / "codex" / "config.toml").write_text(
+    (home / "codex").mkdir(exist_ok=True)
+    (home / "codex" / "config.toml").write_text(
         'model = "gemma"\nmodel_provider = "kronk"\n\n[model_providers.kronk]\nname = "kronk"\n'
         f'base_url = "{gemma_server.url}/v1"\nwire_api = "responses"\n')
-    ran = run_cli([str(NODE_MODULES / ".bin" / "codex"), "exec", "--skip-git-repo-check", "say hi"], tmp_path,
-                  {"CODEX_HOME": str(tmp_path / "codex"), "OPENAI_API_KEY": "unused"})
+    ran = run_cli([str(NODE_MODULES / ".bin" / "codex"), "exec", "--skip-git-repo-check", "say hi"], home,
+                  {"CODEX_HOME": str(home / "codex"), "OPENAI_API_KEY": "unused"})
     assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
     made = [entry for entry in gemma_server.completed(since) if entry["route"] not in (*PROBES, "/v1/models")]
     assert made and {entry["route"] for entry in made} == {"/v1/responses"}
     assert [entry["status"] for entry in made] == [200] * len(made)
     assert all("web_search" in entry.get("tools_not_offered", ()) for entry in made)  # named, never silently
+    return made
+
+
+def test_codex_cli_twice(gemma_server, tmp_path):
+    codex(gemma_server, tmp_path)
+    main = main_request(codex(gemma_server, tmp_path))
+    assert main["cached_tokens"] >= 0.95 * main["prompt_tokens"], main

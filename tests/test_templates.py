@@ -84,3 +84,14 @@ def test_a_final_assistant_message_is_continued_where_its_text_ends():
     assert gemma.render(prefill, continue_final=True).text.endswith('<start_of_turn>model\n{"a": ')
     with pytest.raises(ValueError):
         chatml.render(prefill[:1], continue_final=True)  # the last message is not the assistant's
+
+
+def test_templates_compile_as_hugging_face_compiles_them():
+    """Loop controls and the generation tag (Command R7B, Kimi, LFM2.5 and Laguna templates use them)."""
+    source = ("{% for message in messages %}{% if message.role == 'system' %}{% continue %}{% endif %}"
+              "{% if loop.index > 3 %}{% break %}{% endif %}"
+              "{% if message.role == 'assistant' %}{% generation %}A: {{ message.content }}{% endgeneration %}"
+              "{% else %}U: {{ message.content }}{% endif %}\n{% endfor %}")
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "cut"}]
+    assert ChatTemplate(source).render(messages).text == "U: hiA: hello"  # trim_blocks takes the newlines

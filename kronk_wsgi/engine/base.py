@@ -105,8 +105,10 @@ class Slot(abc.ABC):
         way, and a branch point: where the prompt leaves a saved or held
         sequence it shares at least a block with (one system prompt and tools
         block before many conversations). A point at the prompt's end is met
-        by the save after the answer. ``cache_written`` counts the prompt
-        tokens those saves add beyond the reused ones.
+        by the save after the answer, except in a ``sliding_window`` cache,
+        where the prompt's end is saved before its first token.
+        ``cache_written`` counts the prompt tokens those saves add beyond the
+        reused ones.
         """
         self.cache_written = 0
         self._saves = []
@@ -187,23 +189,20 @@ class Slot(abc.ABC):
         if self.state_cache is not None:
             self.state_cache.announce(self.cached, self.scope)
 
-    def keep_state(self, waited_for: bool = False) -> bool:
-        """Save what the slot holds into its state cache, unless it is there already (or too short to be worth it);
-        whether it was saved now. A save a prompt is ``waited_for`` leaves its disk write for the next save
-        that is not, which writes every deferred one."""
+    def keep_state(self, waited_for: bool = False) -> None:
+        """Save what the slot holds into its state cache, unless it is there already (or too short to be worth it).
+        A save a prompt is ``waited_for`` leaves its disk write for the next save that is not, which writes every
+        deferred one."""
         cache = self.state_cache
         if cache is None:
-            return False
-        saved = False
+            return
         if len(self.cached) >= MIN_TOKENS and not cache.holds(self.cached, self.scope):
             try:
                 cache.put(self.cached, self.save_state(), defer_disk=True, scope=self.scope)
-                saved = True
             except EngineError:
                 cache.withdraw(self.cached, self.scope)  # not saved: its next turn evaluates its prompt again
         if not waited_for:
             cache.write_deferred()
-        return saved
 
     def save_state(self) -> bytes:
         """The KV state of the tokens the slot holds (engines with a state API: see PromptCache)."""

@@ -20,7 +20,10 @@ import re
 from typing import Any, Iterable, NamedTuple, Optional
 
 import jinja2
+import jinja2.ext
 import jinja2.meta
+import jinja2.nodes
+import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .tokenizer import any_of
@@ -249,10 +252,27 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+class _Generation(jinja2.ext.Extension):
+    """Hugging Face's ``{% generation %}...{% endgeneration %}`` (it marks the assistant's part of a training
+    example): rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller) -> str:
+        return caller()
+
+
 @functools.lru_cache(maxsize=64)
 def _compile(source: str) -> tuple[jinja2.Template, frozenset[str]]:
-    """The template and the names it reads from its context."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    """The template and the names it reads from its context, in the environment Hugging Face's transformers
+    renders chat templates in (loop controls, the ``generation`` tag)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, _Generation])
     env.globals["raise_exception"] = _raise_exception
     env.filters["tojson"] = _tojson
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)

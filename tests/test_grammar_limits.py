@@ -1,13 +1,12 @@
 """Hardening, round three: a client's grammar can neither freeze the worker nor fail after the commit unannounced."""
 
-import threading
-import time
-
 import requests
 
 from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.grammar import Grammar, bounded_integers, json_schema_grammar
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
+
+from .support.liveness import liveness_during
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -16,28 +15,6 @@ HI = [{"role": "user", "content": "hi"}]
 def nested(rules: int) -> str:
     """GBNF of ``rules`` nested rules, whose conversion grows far faster than its text."""
     return "\n".join(["root ::= r0"] + [f'r{i} ::= "(" r{i + 1} ")" | "x"' for i in range(rules)] + [f'r{rules} ::= "y"'])
-
-
-def liveness_during(server, send) -> tuple[object, float]:
-    """What ``send()`` gives, and the slowest liveness answer while it ran."""
-    latencies: list[float] = []
-    done = []
-
-    def probe() -> None:
-        while not done:
-            started = time.monotonic()
-            requests.get(server.url + "/v1/liveness", timeout=60)
-            latencies.append(time.monotonic() - started)
-            time.sleep(0.02)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
-    try:
-        reply = send()
-    finally:
-        done.append(True)
-        prober.join()
-    return reply, max(latencies)
 
 
 def test_a_grammar_too_large_to_convert_is_a_400_and_the_worker_stays_live(server):

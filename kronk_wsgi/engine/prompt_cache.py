@@ -22,7 +22,7 @@ save (its tokens, no state yet), so that a next turn that reaches another
 worker at once waits for the state instead of evaluating the prompt again.
 
 Slot threads call it at once: one lock (a real one, not gevent's) guards it. A slot saves its state once its
-answer is out (the client does not wait for it), and the disk write is done before the slot is given back.
+answer is out (the client does not wait for it); its disk write follows once the slot is given back.
 """
 
 import collections

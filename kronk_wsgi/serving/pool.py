@@ -133,6 +133,7 @@ class LoadedModel:
         self.prompt_cache: Optional[PromptCache] = slots[0].state_cache if slots else None
         self.slot_threads = ThreadPool(len(slots))
         self.prep = ThreadPool(1)
+        self._disk_writer = ThreadPool(1)  # prompt-cache disk writes, after the slot that saved is given back
         self._free_slots = list(slots)  # the slot given back longest ago first
         # Slots whose answer is out, still busy with the work after it (saving their state); added by their worker
         # thread (a set's add needs no lock), removed when given back.
@@ -185,10 +186,14 @@ class LoadedModel:
         self._answered.add(slot)
 
     def give_back(self, slot: Slot) -> None:
+        """Free the slot; then write to disk the states its work saved in RAM (a next turn waiting for the slot
+        does not wait for that)."""
         self._answered.discard(slot)
         self._free_slots.append(slot)
         freed, self._slot_freed = self._slot_freed, gevent.event.Event()
         freed.set()
+        if self.prompt_cache is not None:
+            self._disk_writer.spawn(self.prompt_cache.write_deferred)
 
     def claim(self) -> None:
         self.users += 1
@@ -226,6 +231,7 @@ class LoadedModel:
         """Stop the model's threads and free its engine."""
         self.slot_threads.kill()
         self.prep.kill()
+        self._disk_writer.kill()
         self.engine.close()
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,

@@ -65,7 +65,9 @@ def _drive(job: Job, slot: Slot, model: LoadedModel, cancel: _Cancel, channel: T
     except Exception as exc:  # the engine's failure becomes an in-band event
         channel.put((time.monotonic(), exc))
     else:
-        slot.keep_state()  # the answer is out: the next prompt that takes this slot does not wait for the save
+        # The answer is out: the next prompt that takes this slot does not wait for the save; the disk write
+        # follows once the slot is given back.
+        slot.keep_state(waited_for=True)
 
 
 class Session:

@@ -12,7 +12,7 @@ from .engine.base import DEFAULT_CONTEXT_LENGTH
 from .engine.chat_template import ChatTemplate, template_for_vocabulary, template_source
 from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
 from .engine.registry import ENGINES
-from .engine.tokenizer import GGUFTokenizer
+from .engine.tokenizer import GGUFTokenizer, control_tokens
 
 
 # Sliding-window architectures: of each run of this many layers, the last attends to the whole context and the
@@ -79,7 +79,7 @@ def _facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
                 for key, field in model.fields.items()}
     return ModelFacts(
         model.architecture, sum(t.n_elements for t in model.tensors), _file_type_name(model.get("general.file_type")),
-        model.context_length, frozenset(GGUFTokenizer(model).control), model.chat_template, metadata,
+        model.context_length, frozenset(control_tokens(model)), model.chat_template, metadata,
     )
 
 

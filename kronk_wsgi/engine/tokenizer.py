@@ -19,6 +19,7 @@ import functools
 import re
 from typing import Iterable, Optional, Sequence
 
+import numpy as np
 import tokenizers
 from tokenizers import models, normalizers, pre_tokenizers
 
@@ -142,6 +143,16 @@ class Tokenizer(abc.ABC):
         return ids
 
 
+def control_tokens(gguf_file: GGUFFile) -> dict[str, int]:
+    """A file's control tokens by their text, read from its metadata alone (building its tokenizer takes seconds
+    for a large vocabulary)."""
+    tokens = gguf_file.get("tokenizer.ggml.tokens") or []
+    types = gguf_file.get("tokenizer.ggml.token_type")
+    if types is None:
+        return {}
+    return {tokens[i]: int(i) for i in np.flatnonzero(np.asarray(types) == CONTROL) if i < len(tokens)}
+
+
 class GGUFTokenizer(Tokenizer):
     """The tokenizer a GGUF file describes, exactly as the model was trained."""
 
@@ -179,7 +190,7 @@ class GGUFTokenizer(Tokenizer):
         self.add_eos = bool(get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
         self.texts = tokens
         self.types = types
-        self.control = {tokens[i]: i for i, kind in enumerate(types) if kind == CONTROL}
+        self.control = control_tokens(gguf_file)
         self._control_pattern = any_of(self.control)
         ends = {self.eos_id, special("eot_token_id"), special("eom_token_id")}
         ends |= {i for text, i in self.control.items() if text in END_OF_GENERATION}

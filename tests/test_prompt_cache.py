@@ -445,3 +445,22 @@ def test_cache_control_breakpoints_save_prefixes_and_usage_says_so(smollm2, tmp_
 
         assert saves("You know every bridge of the river. " * 15, breakpoint=False) == 1  # with its answer
         assert saves("You know every tower of the city. " * 15, breakpoint=True) == 2  # and at OpenAI's breakpoint
+
+
+@needs_llamacpp
+def test_a_stream_the_client_left_logs_the_tokens_it_reused(smollm2, tmp_path):
+    models = '{"smol": {"path": "%s", "engine": "llama.cpp", "context_length": 2048}}' % smollm2
+    with run_server(tmp_path, {"KRONK_MODELS": models}) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+        ask = [{"role": "user", "content": "The history of the lighthouse keepers of the northern coast. " * 20}]
+        first = client.chat.completions.create(model="smol", messages=ask, max_tokens=2, temperature=0)
+        stream = client.chat.completions.create(model="smol", messages=ask + [
+            {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "More."}],
+            max_tokens=500, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        next(chunk for chunk in stream if chunk.choices and chunk.choices[0].delta.content)
+        stream.close()  # gone after its first token
+        deadline = time.monotonic() + 60
+        while not (left := [e for e in server.completed() if e.get("outcome") == "client_gone"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert left[0]["cached_tokens"] >= first.usage.prompt_tokens

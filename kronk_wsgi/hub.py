@@ -59,6 +59,9 @@ def check_filename(filename: Optional[str]) -> None:
         raise HubError(f"file {filename[:100]!r} is not a path inside the repository")
 
 
+REACH_SECONDS = 5.0  # how long the hub has to answer before a pull or a download gives up on it
+
+
 def unreachable(timeout: float) -> Optional[str]:
     """Why the hub (HF_ENDPOINT) does not answer within ``timeout`` seconds, in one try; None if it answers.
 
@@ -98,6 +101,9 @@ def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optiona
         names = cached
     else:
         try:
+            problem = unreachable(REACH_SECONDS)  # one try, not huggingface-hub's five backing off for 23 s
+            if problem is not None:
+                raise HubError(f"the hub at {constants.ENDPOINT} cannot be reached ({problem})")
             names = sorted(huggingface_hub.list_repo_files(repo_id, revision=revision))
         except Exception as exc:  # the hub raises many types: missing repository, auth, network
             if not any(n.endswith(".gguf") for n in cached):

@@ -103,7 +103,7 @@ def test_a_template_without_tools_gets_them_written_into_the_messages(pool):
         job = plan(plain, request)
         text = plain.engine.tokenizer.decode(job.prompts[0]).decode()
         assert "<tools>" in text and '"get_weather"' in text and text.startswith("system: ")
-        assert job.reading.tool_rules is not None and job.reading.tool_rules.syntax.open == "<tool_call>"
+        assert job.reading.tool_rules is not None and job.reading.tool_rules.format.opens[0] == "<tool_call>"
 
 
 @pytest.mark.parametrize("request_, param", [

@@ -6,13 +6,15 @@ import pytest
 
 from kronk_wsgi.engine.chat_template import ChatTemplate
 from kronk_wsgi.serving.events import TextDelta, ToolCall
-from kronk_wsgi.serving.tool_calls import HERMES, MISTRAL, ToolCallParser, ToolCallRules, forced_opening, syntax_of
+from kronk_wsgi.serving.formats import HERMES, ToolCallRules, format_of, mistral
+
+MISTRAL = mistral.V3
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 
 
-def parse(syntax, pieces, accept=lambda name, arguments: True):
-    parser = ToolCallParser(ToolCallRules(syntax, accept))
+def parse(form, pieces, accept=lambda name, arguments: True):
+    parser = form.reader(ToolCallRules(form, accept))
     events = [e for piece in pieces for e in parser.feed(piece)] + parser.flush()
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
@@ -72,18 +74,18 @@ def test_text_around_a_call_keeps_its_inner_whitespace():
 
 
 def test_forced_opening_continues_inside_a_call():
-    for syntax, rest in ((HERMES, '{"city": "Paris"}}\n</tool_call>'), (MISTRAL, '{"city": "Paris"}}]')):
-        assert parse(syntax, [forced_opening(syntax, "get_weather"), rest])[1] == [("get_weather", {"city": "Paris"})]
+    for form, rest in ((HERMES, '{"city": "Paris"}}\n</tool_call>'), (MISTRAL, '{"city": "Paris"}}]')):
+        assert parse(form, [form.opening("get_weather"), rest])[1] == [("get_weather", {"city": "Paris"})]
 
 
-def test_syntax_follows_the_template():
-    assert syntax_of("{{ '[TOOL_CALLS]' }}") is MISTRAL
-    assert syntax_of(ChatTemplate.for_model("chatml", None, "<s>", "</s>").source) is HERMES
+def test_format_follows_the_template():
+    assert format_of("{{ '[TOOL_CALLS]' }}") is MISTRAL
+    assert format_of(ChatTemplate.for_model("chatml", None, "<s>", "</s>").source) is HERMES
 
 
 @pytest.mark.parametrize("pieces", splits('<tool_call>\n{"name": "sql"}\nSELECT "a"\n  FROM b\n</tool_call>'))
 def test_a_raw_input_call_is_read_for_the_tools_called_so(pieces):
-    parser = ToolCallParser(ToolCallRules(HERMES, lambda name, arguments: True, raw_inputs=frozenset({"sql"})))
+    parser = HERMES.reader(ToolCallRules(HERMES, lambda name, arguments: True, raw_inputs=frozenset({"sql"})))
     events = [e for piece in pieces for e in parser.feed(piece)] + parser.flush()
     assert [(e.name, json.loads(e.arguments)) for e in events] == [("sql", {"input": 'SELECT "a"\n  FROM b'})]
     other = '<tool_call>\n{"name": "shell"}\nls\n</tool_call>'  # not a raw-input tool: text, as any bad call

@@ -29,7 +29,7 @@ from ..engine.gguf_file import BadModelFile
 from ..engine.sampling import SamplingParams
 from ..serving import offload
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall
-from ..serving.reasoning import reasoning_of
+from ..serving.reasoning import reasons
 from ..serving.session import GenerationStats
 from . import pulling
 from .body import parse_body
@@ -483,7 +483,7 @@ def _capabilities(facts: ModelFacts, template: str) -> list[str]:
     """What the model does here: every model completes, embeds and takes tools (written into its prompt where
     its template has none); thinking where its template has thinking tags; insert where its vocabulary can."""
     found = ["completion", "tools", "embedding"]
-    if reasoning_of(template) is not None:
+    if reasons(template):
         found.append("thinking")
     if fill_in_middle(facts.control, "", "") is not None:
         found.append("insert")
@@ -555,7 +555,7 @@ def thinking(body: Generating, template: Optional[str], name: str) -> Optional[b
     if body.think is None:
         return None
     wanted = body.think is not False
-    if wanted and (template is None or reasoning_of(template) is None):
+    if wanted and (template is None or not reasons(template)):
         raise invalid(f"{name!r} does not support thinking", param="think")
     return wanted
 

@@ -9,7 +9,7 @@ from flask import Blueprint
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
 )
-from ..serving.tool_calls import custom_input
+from ..serving.formats import custom_input
 from .body import parse_body
 from .protocol import Protocol
 from .response import Encoder, respond

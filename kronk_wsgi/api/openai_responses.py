@@ -18,7 +18,7 @@ from ..serving import offload
 from ..serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
-from ..serving.tool_calls import custom_arguments, custom_input
+from ..serving.formats import custom_arguments, custom_input
 from .background import UNFINISHED, BackgroundRun, resumed
 from .body import parse_body
 from .errors import ApiError, invalid

@@ -14,15 +14,15 @@ import jsonschema
 import jsonschema.protocols
 
 from ..engine.base import shared_prefix
-from ..engine.chat_template import ChatTemplateError, RenderedPrompt
+from ..engine.chat_template import ChatTemplate, ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
 from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
 from ..engine.sampling import SamplingParams
 from ..serving import offload
 from ..serving.jobs import EmbeddingJob, GenerationJob, ReplyReading
 from ..serving.pool import LoadedModel
+from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
 from ..serving.reasoning import opens_thinking, reasoning_of
-from ..serving.tool_calls import ToolCallRules, call_grammar, forced_opening, syntax_of
 from .errors import ApiError, invalid
 
 JSON_OBJECT = {"type": "object"}
@@ -187,9 +187,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         rendered = render_chat(model, request.messages, request.tools.tools if request.tools else None,
                                request.thinking, request.continue_final)
         texts = [rendered]
-        reasoning = reasoning_of(model.template.source)
-        inside = reasoning is not None and opens_thinking(rendered.text, reasoning)
-        reading = ReplyReading(reasoning=reasoning, inside_thinking=inside)
+        reading = reply_reading(model.template, rendered.text)
         if request.calls_tools:
             reading, grammar_text, grammar_after = _tool_reading(model, request.tools, reading)
     if request.reply_format is not None:
@@ -241,7 +239,7 @@ def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict
     """How many of the prompt's ``tokens`` the conversation's first messages, ``head``, run through; None if the
     template cannot render them alone."""
     try:
-        rendered = model.template.render(head, tools, thinking)
+        rendered = model.template.render(head, tools, thinking, tool_text=tool_text(model.template, tools))
     except ChatTemplateError:
         return None
     text = os.path.commonprefix([rendered.text, prompt.text])
@@ -276,34 +274,60 @@ def render_chat(
     400 if the template cannot take these messages."""
     try:
         # In the model's preparation thread: a long conversation or template loop must not stall the event loop.
-        return offload.call(model.prep, model.template.render, messages, list(tools) if tools else None, thinking,
-                            continue_final)
+        tools = list(tools) if tools else None
+        return offload.call(model.prep, model.template.render, messages, tools, thinking, continue_final,
+                            tool_text(model.template, tools))
     except ChatTemplateError as exc:
         raise invalid(str(exc), param="messages") from None
 
 
+def reply_reading(template: ChatTemplate, prompt: str) -> ReplyReading:
+    """How a reply to the rendered ``prompt`` is read before tools count: its thinking told apart from its answer,
+    and the markers its format puts around answers left out (by the format's reader, which no call gets past
+    without tools)."""
+    form = call_format(template)
+    rules = ToolCallRules(form, lambda name, arguments: False) if form.reads_reasoning or form.drops else None
+    reasoning = None if form.reads_reasoning else reasoning_of(template.source)
+    return ReplyReading(tool_rules=rules, reasoning=reasoning,
+                        inside_thinking=reasoning is not None and opens_thinking(prompt, reasoning))
+
+
+def call_format(template: ChatTemplate) -> CallFormat:
+    """How a template's model writes tool calls: as the template teaches, else as the built-in Hermes text does."""
+    return format_of(template.source)
+
+
+def tool_text(template: ChatTemplate, tools: Optional[list[dict]]) -> Optional[str]:
+    """How tools are taught to a model whose template writes calls in a format of its own but renders no
+    definitions (DeepSeek's, firefunction's); None where the template renders them, or the Hermes text does."""
+    form = call_format(template)
+    if not tools or template.renders_tools or form is HERMES:
+        return None
+    return form.teaching(tools)
+
+
 def _tool_reading(model: LoadedModel, tools: ToolUse, reading: ReplyReading) -> tuple[ReplyReading, Optional[str], str]:
     """How a reply with tools is read, and the grammar of its calls (with where it starts), if they are constrained."""
-    syntax = syntax_of(model.template.source)
-    if tools.raw_inputs and syntax.close is None:
+    form = call_format(model.template)
+    if tools.raw_inputs and not form.raw_inputs:
         raise invalid(f"tools: {', '.join(tools.raw_inputs)} take input in a Lark grammar, which this model's "
-                      f"tool-call syntax ({syntax.open}) cannot delimit; use a regex or text format", param="tools")
+                      f"tool-call format ({form.name}) cannot delimit; use a regex or text format", param="tools")
     control = model.engine.tokenizer.control
     raw = dict(tools.raw_inputs)
     callable_ = tools.callable()
-    rules = ToolCallRules(syntax, _accept_calls(tools), frozenset(t["function"]["name"] for t in callable_),
-                          frozenset(raw))
+    rules = ToolCallRules(form, _accept_calls(tools), {t["function"]["name"]: t["function"]["parameters"]
+                                                        for t in callable_}, frozenset(raw))
     if tools.forced:
         # A required call with one tool on offer is a call of that tool: its name is written, not sampled.
         name = tools.name or (callable_[0]["function"]["name"] if len(callable_) == 1 else None)
-        opening = forced_opening(syntax, name, raw_input=name in raw)
-        grammar = call_grammar(syntax, callable_, tools.strict, control, name, raw_inputs=raw)
+        opening = form.opening(name, raw_input=name in raw)
+        grammar = form.grammar(callable_, tools.strict, control, name, raw_inputs=raw)
         return dataclasses.replace(reading, tool_rules=rules, reply_start=opening, max_tool_calls=tools.max_calls), \
             grammar, ""
     reading = dataclasses.replace(reading, tool_rules=rules, max_tool_calls=tools.max_calls)
     if tools.strict or tools.allowed is not None:  # the model may answer or call: a call it opens is held to them
-        grammar = call_grammar(syntax, callable_, tools.strict, control, forced=False, raw_inputs=raw)
-        return reading, grammar, syntax.open
+        grammar = form.grammar(callable_, tools.strict, control, forced=False, raw_inputs=raw)
+        return reading, grammar, form.opens[0]
     return reading, None, ""
 
 

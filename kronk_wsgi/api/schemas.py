@@ -7,7 +7,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.sampling import SamplingParams
-from ..serving.tool_calls import custom_arguments
+from ..serving.formats import custom_arguments
 from .errors import invalid
 from .planning import JSON_OBJECT, MAX_CHOICES, MAX_PATTERN_LENGTH, GenerationRequest, ReplyFormat, ToolUse
 

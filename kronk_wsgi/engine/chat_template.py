@@ -225,6 +225,13 @@ def _with_tools_as_text(messages: list[dict[str, Any]], tools: list[dict]) -> li
     return out
 
 
+def _with_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The conversation with ``text`` at the end of its system message (a new one if it has none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}] + messages[1:]
+    return [{"role": "system", "content": text}] + messages
+
+
 class RenderedPrompt(NamedTuple):
     """Prompt text, and the character that marks control-token text from messages as plain (None: no such text)."""
 
@@ -248,8 +255,16 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
             separators: Optional[tuple] = None, sort_keys: bool = False) -> str:
-    """JSON as model templates expect it (Hugging Face's filter): no HTML escaping."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    """JSON as model templates expect it (Hugging Face's filter): no HTML escaping; what a filter such as ``map``
+    gives (a generator) is a list."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_listed)
+
+
+def _listed(value: Any) -> list:
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, dict)):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 class _Generation(jinja2.ext.Extension):
@@ -315,17 +330,23 @@ class ChatTemplate:
 
     def render(
         self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None, thinking: Optional[bool] = None,
-        continue_final: bool = False,
+        continue_final: bool = False, tool_text: Optional[str] = None,
     ) -> RenderedPrompt:
         """Prompt text for ``messages``, ending where the assistant's reply begins.
 
-        ``thinking`` reaches the template as ``enable_thinking``: templates of reasoning models
-        read it to switch thinking on or off; others ignore it. With ``continue_final`` the last
+        A template that renders no tools gets them written into the messages:
+        ``tool_text`` (the model's own way of calling them) joins the system
+        message, the template rendering the calls and results itself; without
+        it, definitions, calls and results are written as Hermes text.
+
+        ``thinking`` reaches the template as ``enable_thinking`` (true if not given, as llama-server
+        passes it): templates of reasoning models read it to switch thinking on or off; others ignore it. With ``continue_final`` the last
         message is the assistant's and the prompt ends inside it, where its text ends: the reply
         continues it (as the Messages API does with a final assistant message).
         """
         if tools and not self.renders_tools:
-            messages, tools = _with_tools_as_text(messages, tools), None
+            messages = _with_tools_as_text(messages, tools) if tool_text is None else _with_system(messages, tool_text)
+            tools = None
         inert = None
         if self._control is not None:
             inert = _inert_for(json.dumps([messages, tools], ensure_ascii=False))
@@ -366,15 +387,14 @@ class ChatTemplate:
 
     def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], add_generation_prompt: bool,
                 thinking: Optional[bool] = None) -> str:
-        switches = {} if thinking is None else {"enable_thinking": thinking}
         try:
             return self._template.render(
                 messages=messages,
-                tools=tools,
+                **({"tools": tools} if tools else {}),  # none: undefined, as llama-server leaves it
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-                **switches,
+                enable_thinking=True if thinking is None else thinking,  # on unless asked, as llama-server has it
             )
         except ChatTemplateError:
             raise

@@ -17,7 +17,7 @@ from .events import (
     ChoiceEnd, Embedding, Event, Finished, Logprobs, PromptCached, TextDelta, TokenLogprob, ToolCall, Usage,
 )
 from .reasoning import ReasoningSplitter, ReasoningSyntax
-from .tool_calls import ToolCallParser, ToolCallRules
+from .formats import ToolCallRules
 
 
 class Job(Protocol):
@@ -44,7 +44,8 @@ class Job(Protocol):
 class ReplyReading:
     """How a reply's text is read: tool calls parsed out of it, thinking told apart from the answer.
 
-    With ``tool_rules``, tool calls are parsed out of the answer; with a
+    With ``tool_rules``, tool calls are read out of the answer in the rules'
+    format (a format that reads reasoning too reads every reply); with a
     ``reasoning`` syntax, the model's thinking is told apart from its answer
     (``inside_thinking``: the prompt leaves the reply inside the thinking
     block). ``reply_start`` is text at the end of the prompt that belongs to
@@ -62,10 +63,45 @@ class ReplyReading:
         """The tags a parser reads (tool-call and thinking tags) that are control tokens: they must be in the text."""
         tags = []
         if self.tool_rules is not None:
-            tags += [self.tool_rules.syntax.open, self.tool_rules.syntax.close]
+            tags += self.tool_rules.format.tags
         if self.reasoning is not None:
             tags += [self.reasoning.open, self.reasoning.close]
         return frozenset(tokenizer.control[tag] for tag in tags if tag in tokenizer.control)
+
+
+class ReplyReader:
+    """A reply's text as the reading says: thinking split from the answer first, then the answer's tool calls
+    read out of it (the reply's start, text at the end of the prompt, read first)."""
+
+    def __init__(self, reading: ReplyReading) -> None:
+        ends = reading.tool_rules.format.opens + reading.tool_rules.format.kept if reading.tool_rules else ()
+        self._reasoning = ReasoningSplitter(reading.reasoning, reading.inside_thinking, ends) \
+            if reading.reasoning else None
+        self._tools = reading.tool_rules.format.reader(reading.tool_rules) if reading.tool_rules else None
+        self._start = reading.reply_start
+
+    @property
+    def calls(self) -> int:
+        return self._tools.calls if self._tools else 0
+
+    def feed(self, text: str) -> list[Event]:
+        parts: list[Event] = self._reasoning.feed(text) if self._reasoning else [TextDelta(text)]
+        return self._answer(parts)
+
+    def finish(self, cut: bool = False) -> list[Event]:
+        """What is held back when the reply ends (``cut``: by the token limit)."""
+        out = self._answer(self._reasoning.flush() if self._reasoning else [])
+        return out + (self._tools.flush(cut=cut) if self._tools else [])
+
+    def _answer(self, parts: list[Event]) -> list[Event]:
+        if self._tools is None:
+            return parts
+        out: list[Event] = []
+        if self._start:
+            out, self._start = self._tools.feed(self._start), ""
+        for part in parts:
+            out.extend(self._tools.feed(part.text) if isinstance(part, TextDelta) else [part])
+        return out
 
 
 class GenerationJob:
@@ -119,42 +155,21 @@ class GenerationJob:
 
     def _reply(self, generation: Generation) -> Iterator[Event]:
         """One reply's events, ending with its ChoiceEnd."""
-        reading = self.reading
-        reasoning = ReasoningSplitter(reading.reasoning, reading.inside_thinking) if reading.reasoning else None
-        tools = ToolCallParser(reading.tool_rules) if reading.tool_rules else None
-
-        def split(text: str) -> list[Event]:
-            parts: list[Event] = reasoning.feed(text) if reasoning else [TextDelta(text)]
-            if tools is None:
-                return parts
-            out: list[Event] = []
-            for part in parts:
-                out.extend(tools.feed(part.text) if isinstance(part, TextDelta) else [part])
-            return out
-
-        if tools:
-            yield from tools.feed(reading.reply_start)
+        reader = ReplyReader(self.reading)
+        limit = self.reading.max_tool_calls
         for text in generation:
             if generation.sampled:
                 yield self._logprobs(generation)
-            for event in split(text):
+            for event in reader.feed(text):
                 yield event
-                if reading.max_tool_calls is not None and isinstance(event, ToolCall) \
-                        and tools.calls >= reading.max_tool_calls:
+                if limit is not None and isinstance(event, ToolCall) and reader.calls >= limit:
                     yield ChoiceEnd("tool_calls")
                     return
         if generation.sampled:
             yield self._logprobs(generation)
-        ending = reasoning.flush() if reasoning else []
-        for part in ending:
-            if isinstance(part, TextDelta) and tools:
-                yield from tools.feed(part.text)
-            else:
-                yield part
-        if tools:
-            yield from tools.flush(cut=generation.finish_reason == "length")
+        yield from reader.finish(cut=generation.finish_reason == "length")
         reason = generation.finish_reason
-        if tools and tools.calls and reason == "stop" and generation.stop_sequence is None:
+        if reader.calls and reason == "stop" and generation.stop_sequence is None:
             reason = "tool_calls"
         yield ChoiceEnd(reason, generation.stop_sequence, window_full=generation.window_full)
 

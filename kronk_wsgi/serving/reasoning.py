@@ -11,6 +11,7 @@ from typing import Optional
 
 from ..engine.generate import partial_tag
 from .events import ReasoningDelta, TextDelta
+from .formats import format_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,10 @@ SYNTAXES = (
     ReasoningSyntax("<think>", "</think>"),
     ReasoningSyntax("<|START_THINKING|>", "<|END_THINKING|>"),
     ReasoningSyntax("[THINK]", "[/THINK]"),
+    ReasoningSyntax("<seed:think>", "</seed:think>"),
+    ReasoningSyntax("<|inner_prefix|>", "<|inner_suffix|>"),
+    ReasoningSyntax("<|channel>thought", "<channel|>"),  # Gemma 4
+    ReasoningSyntax("<mm:think>", "</mm:think>"),  # MiniMax M3
 )
 
 
@@ -33,12 +38,18 @@ def reasoning_of(template_source: str) -> Optional[ReasoningSyntax]:
     return next((s for s in SYNTAXES if s.close in template_source), None)
 
 
+def reasons(template_source: str) -> bool:
+    """Whether a chat template's model writes its reasoning apart from its answer (in thinking tags, or in a
+    channel of its format's)."""
+    return reasoning_of(template_source) is not None or format_of(template_source).reads_reasoning
+
+
 def opens_thinking(prompt: str, syntax: ReasoningSyntax) -> bool:
     """Whether a rendered prompt leaves the reply inside an open thinking block."""
     return prompt.rstrip().endswith(syntax.open)
 
 
-_START, _THINKING, _ANSWER = "start", "thinking", "answer"
+_START, _THINKING, _HELD, _ANSWER = "start", "thinking", "held", "answer"  # held: thinking, or a call
 
 
 class ReasoningSplitter:
@@ -46,11 +57,15 @@ class ReasoningSplitter:
 
     Text that could still be the opening tag (at the start) or the closing
     tag (while thinking) is held back until it is known; white space right
-    after either tag is left out.
+    after either tag is left out. A model may call a tool straight from its
+    thinking: from one of ``ends`` (the openings of tool calls) on, the text is
+    held; if the closing tag follows, it was thinking, and if the reply ends
+    first, the thinking ended there and the rest is the answer.
     """
 
-    def __init__(self, syntax: ReasoningSyntax, inside: bool) -> None:
+    def __init__(self, syntax: ReasoningSyntax, inside: bool, ends: tuple[str, ...] = ()) -> None:
         self.syntax = syntax
+        self._ends = ends
         self._state = _THINKING if inside else _START
         self._skip_space = inside
         self._pending = ""
@@ -70,14 +85,23 @@ class ReasoningSplitter:
                 return out  # still possibly the opening tag
             else:
                 self._state = _ANSWER
+        close = self.syntax.close
         if self._state == _THINKING:
-            close = self.syntax.close
-            at = self._pending.find(close)
-            if at < 0:
-                cut = len(self._pending) - partial_tag(self._pending, (close,))
+            found = [(at, end) for end in (close,) + self._ends if (at := self._pending.find(end)) >= 0]
+            if not found:
+                cut = len(self._pending) - partial_tag(self._pending, (close,) + self._ends)
                 if cut:
                     out.append(ReasoningDelta(self._pending[:cut]))
                 self._pending = self._pending[cut:]
+                return out
+            at = min(found)[0]
+            if at:
+                out.append(ReasoningDelta(self._pending[:at]))
+            self._pending = self._pending[at:]
+            self._state = _HELD if min(found)[1] != close else _THINKING
+        if self._state in (_THINKING, _HELD):  # the pending text starts with the close, or is held
+            at = self._pending.find(close)
+            if at < 0:
                 return out
             if at:
                 out.append(ReasoningDelta(self._pending[:at]))

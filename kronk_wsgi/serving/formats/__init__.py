@@ -1,0 +1,51 @@
+"""How each family of models writes tool calls: one module per format, and the registry that tells from a
+chat template which one its model was taught.
+
+The first format in ``FORMATS`` whose markers the template has is the model's; a template with none of
+them (or none that renders tools) gets Hermes, which the built-in tool text teaches.
+"""
+
+from . import deepseek, functionary, gemma4, glm, harmony, hermes, json_lists, kimi, llama3, minimax, mistral, \
+    pythonic, xml_attributes, xml_parameters
+from .base import Call, CallFormat, CallReader, ToolCallRules, custom_arguments, custom_input
+
+# Most specific first: Qwen3-Coder's template also has Hermes' <tool_call>, Mistral v11's has v3's [TOOL_CALLS].
+FORMATS: tuple[CallFormat, ...] = (
+    harmony.FORMAT,
+    gemma4.FORMAT,
+    minimax.M3,
+    deepseek.V4,
+    deepseek.V3_2,
+    xml_attributes.MINICPM5,
+    xml_parameters.SEED_OSS,
+    xml_parameters.QWEN3_CODER,
+    glm.FORMAT,
+    minimax.FORMAT,
+    kimi.FORMAT,
+    deepseek.R1,
+    deepseek.V3_1,
+    mistral.V11,
+    mistral.V3,
+    json_lists.COMMAND_R7B,
+    json_lists.COMMAND_R_PLUS,
+    json_lists.NEMOTRON,
+    json_lists.GRANITE,
+    json_lists.APERTUS,
+    json_lists.FIREFUNCTION,
+    json_lists.GIGACHAT,
+    json_lists.APRIEL,
+    pythonic.FORMAT,
+    functionary.V3_1,
+    hermes.FORMAT,
+    llama3.FORMAT,
+)
+HERMES = hermes.FORMAT
+
+
+def format_of(template_source: str) -> CallFormat:
+    """The format a chat template teaches its model; Hermes if it teaches none."""
+    return next((f for f in FORMATS if f.recognises(template_source)), HERMES)
+
+
+__all__ = ["Call", "CallFormat", "CallReader", "FORMATS", "HERMES", "ToolCallRules", "custom_arguments",
+           "custom_input", "format_of"]

@@ -1,0 +1,405 @@
+"""What every tool-call format is made of, and the reader that splits a streamed reply by one.
+
+A format says where calls begin and end in a reply (``opens``, ``close``),
+how the text between is read as calls (``parse``), and how a call is written
+(``start``, ``head``, ``tail``, ``between``, ``end``): the start of a forced
+call, and the grammar that holds a call to the tools' schemas. Arguments are
+written as JSON, or as one tagged element per parameter (``XmlArguments``).
+
+A tool whose input is text in a grammar of the client's (a Responses custom
+tool with a Lark grammar) is called in a raw form, which only formats with
+``raw_inputs`` can delimit (Hermes): ``<tool_call>\\n{"name": "x"}\\n`` then
+the input as it is, then ``\\n</tool_call>``; it is read as arguments
+``{"input": text}``.
+"""
+
+import dataclasses
+import json
+import re
+import uuid
+from typing import Any, Callable, Mapping, Optional, Union
+
+from ...engine.generate import partial_tag
+from ...engine.grammar import lark_grammar, lark_json, lark_string
+from ..events import ReasoningDelta, TextDelta, ToolCall
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call read out of a reply."""
+
+    name: str
+    arguments: dict
+
+
+Schemas = Mapping[str, dict]  # each tool's parameters schema, by name
+Parse = Callable[[str, Schemas], Optional[list[Call]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class XmlArguments:
+    """Arguments written one element per parameter: ``key_head(name, is_text)``, the value (as JSON; with
+    ``raw_strings`` a string's text as it is, between ``quote`` marks, matching ``text``), then ``key_tail``
+    (with the name for ``{key}``)."""
+
+    key_head: Callable[[str, bool], str]
+    key_tail: str
+    raw_strings: bool = True
+    quote: str = ""
+    text: str = r"([^<]|<[^\/])*"  # a regex: by default any text without "</"
+
+
+@dataclasses.dataclass(frozen=True)
+class CallFormat:
+    """How one family of models writes tool calls (see the module's docstring)."""
+
+    name: str
+    markers: tuple[str, ...]  # a chat template that has all of them teaches this format
+    opens: tuple[str, ...]  # texts that open calls in a reply (the first is the one written)
+    close: Optional[str]  # what ends them; None: the calls run to the end of the reply
+    parse: Parse
+    start: str  # written before the first call
+    head: Callable[[str], str]  # a call of the named tool, up to its arguments
+    tail: str = ""  # after a call's arguments
+    between: str = ""  # between two calls
+    end: str = ""  # after the last call
+    xml: Optional[XmlArguments] = None  # None: the arguments are one JSON object
+    raw_inputs: bool = False  # whether calls with raw text input can be delimited
+    reply_json: bool = False  # a reply that is a JSON object is read as calls (Llama 3.x)
+    unclosed: bool = False  # calls the reply ends in before their close are read
+    kept: tuple[str, ...] = ()  # texts that open calls too, and are part of what is parsed
+    reads_reasoning: bool = False  # its reader tells reasoning apart too: it reads every reply
+    drops: tuple[str, ...] = ()  # markers around its answers, left out of the text
+    tags: tuple[str, ...] = ()  # its markers that a vocabulary may have as control tokens
+
+    def recognises(self, template_source: str) -> bool:
+        return all(marker in template_source for marker in self.markers)
+
+    def opening(self, name: Optional[str], raw_input: bool = False) -> str:
+        """The start of a reply that must be a call (of the tool ``name``, if given); appended to the prompt,
+        it makes the model continue inside a call."""
+        if name is None:
+            return self.start
+        return self.start + (_raw_head(name) if raw_input else self.head(name))
+
+    def written(self, calls: list[Call], schemas: Schemas) -> str:
+        """The text of ``calls`` in this format, as a forced call's grammar has it written."""
+        return self.start + self.between.join(self.head(c.name) + self._arguments(c, schemas) + self.tail
+                                              for c in calls) + self.end
+
+    def _arguments(self, call: Call, schemas: Schemas) -> str:
+        if self.xml is None:
+            return json.dumps(call.arguments, ensure_ascii=False)
+        properties = (schemas.get(call.name) or {}).get("properties") or {}
+        out = []
+        for key, value in call.arguments.items():
+            raw = self.xml.raw_strings and _is_text(properties.get(key)) and isinstance(value, str)
+            text = f"{self.xml.quote}{value}{self.xml.quote}" if raw else json.dumps(value, ensure_ascii=False)
+            out.append(self.xml.key_head(key, raw) + text + self.xml.key_tail.format(key=key))
+        return "".join(out)
+
+    def teaching(self, tools: list[dict]) -> str:
+        """System text that offers ``tools`` and shows how to call one in this format."""
+        arguments = '{"<parameter>": <value>}' if self.xml is None else \
+            self.xml.key_head("<parameter>", False) + "<value>" + self.xml.key_tail.format(key="<parameter>")
+        example = self.opening("<function-name>") + arguments + self.tail + self.end
+        signatures = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+        return (f"# Tools\n\nYou may call one or more functions to assist with the user query. Their "
+                f"signatures:\n{signatures}\n\nTo call a function, write:\n{example}")
+
+    def reader(self, rules: "ToolCallRules") -> "CallReader":
+        return CallReader(rules)
+
+    def grammar(self, tools: list[dict], strict: frozenset[str], control: dict[str, int],
+                name: Optional[str] = None, forced: bool = True, raw_inputs: Optional[dict[str, str]] = None) -> str:
+        """A Lark grammar for calls whose arguments follow the tools' schemas.
+
+        ``forced``: for the rest of a reply that starts with ``opening(name)``,
+        one call to one of the ``tools`` (to ``name``, if given). Not
+        ``forced``: for the text after the model wrote ``opens[0]`` itself, that
+        call and any more that follow. Keywords the grammar cannot enforce are
+        an error for the ``strict`` tools and skipped for the others.
+        ``control`` are the model's control tokens: a marker that is one is
+        matched as that token. ``raw_inputs`` are the Lark grammars of the tools
+        called in the raw form, by name.
+        """
+        raw_inputs = raw_inputs or {}
+        inputs = {tool: f"input_{index}" for index, tool in enumerate(raw_inputs)}  # each its own grammar
+
+        def text(literal: str) -> str:
+            return self._literal(literal, control)
+
+        def arguments(tool: str) -> str:  # after the call's head, to the end of the call
+            if tool in raw_inputs:
+                return f"@{inputs[tool]}"
+            function = next(t["function"] for t in tools if t["function"]["name"] == tool)
+            lenient = tool not in strict
+            body = lark_json(function["parameters"], lenient=lenient) if self.xml is None \
+                else self._xml_arguments(function["parameters"], lenient, text)
+            return f"{body} {text(self.tail)}"
+
+        def head(tool: str) -> str:
+            return text(_raw_head(tool) if tool in raw_inputs else self.head(tool))
+
+        if forced and name is not None:  # the opening ends with the call's head
+            body = arguments(name)
+        else:
+            body = "(" + " | ".join(f"{head(t['function']['name'])} {arguments(t['function']['name'])}"
+                                    for t in tools) + ")"
+        if forced:
+            main = f"start: {body} {text(self.end)}\n"
+        else:
+            rest = self.start.partition(self.opens[0])[2] if self.opens[0] in self.start else self.start
+            main = f"start: {text(rest)} {body} ({text(self.between)} {body})* {text(self.end)}\n"
+        if not raw_inputs:
+            return lark_grammar(main)
+        return json.dumps({"grammars": [{"lark_grammar": main}] + [
+            {"name": inputs[tool], "lark_grammar": grammar} for tool, grammar in raw_inputs.items()]})
+
+    def _text_value(self, tail: str, text: Callable[[str], str]) -> str:
+        """A string parameter's text, its closing quote and the element's tail: one regex where none of them is a
+        control token, so the text ends where the tail begins (a lexeme of its own would take the tail's first
+        character when the text may hold it)."""
+        quote = text(self.xml.quote) if self.xml.quote else ""
+        closing = self.xml.quote + tail
+        if text(closing) != lark_string(closing):  # a control token in it: matched as that token
+            return f"{quote} /{self.xml.text}/ {quote} {text(tail)}"
+        return f"{quote} /{self.xml.text}{_regex_literal(closing)}/"
+
+    def _literal(self, text: str, control: dict[str, int]) -> str:
+        """``text`` as Lark, its markers that are control tokens matched as those tokens."""
+        tags = [t for t in self.tags if t in control and t in text]
+        if not text:
+            return '""'
+        if not tags:
+            return lark_string(text)
+        parts = re.split("(" + "|".join(map(re.escape, tags)) + ")", text)
+        return " ".join(f"<[{control[p]}]>" if p in control and p in tags else lark_string(p) for p in parts if p)
+
+    def _xml_arguments(self, schema: dict, lenient: bool, text: Callable[[str], str]) -> str:
+        """The parameters of ``schema`` one element each, in its order, the optional ones optional."""
+        required = set(schema.get("required", ()))
+        items = []
+        for key, value_schema in (schema.get("properties") or {}).items():
+            tail = self.xml.key_tail.format(key=key)
+            if self.xml.raw_strings and _is_text(value_schema):
+                value = self._text_value(tail, text)
+            else:
+                value = f"{lark_json(value_schema, lenient=lenient)} {text(tail)}"
+            item = f"{text(self.xml.key_head(key, self.xml.raw_strings and _is_text(value_schema)))} {value}"
+            items.append(item if key in required else f"({item})?")
+        return " ".join(items) or '""'
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` matched as it is, inside a Lark regex."""
+    return "".join("\\" + c if c in r"\.^$|?*+()[]{}/-" else "\\n" if c == "\n" else c for c in text)
+
+
+def _is_text(schema: Any) -> bool:
+    return isinstance(schema, dict) and schema.get("type") == "string"
+
+
+def xml_value(text: str, schema: Any) -> Any:
+    """A parameter's value written as an element: a string parameter's text as it is, another's as JSON (text
+    that is not JSON stays a string)."""
+    if _is_text(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def json_calls(body: str, _schemas: Schemas = None) -> Optional[list[Call]]:
+    """The calls in a JSON object or list of objects with ``name`` and ``arguments`` (or ``parameters``);
+    None if it is not one."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    calls = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return None
+        call = named_call(item["name"], item.get("arguments", item.get("parameters", {})))
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def named_call(name: str, arguments: Any) -> Optional[Call]:
+    """A call of ``name``, its arguments an object or the JSON text of one (as some models write them)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return None
+    return Call(name, arguments) if isinstance(arguments, dict) else None
+
+
+def _raw_head(name: str) -> str:
+    """A raw-input call's text up to its input."""
+    return json.dumps({"name": name}) + "\n"
+
+
+def custom_arguments(text: str) -> dict:
+    """A custom tool's input as the arguments of the function the tool is offered as (a raw-input call's, too;
+    ``custom_input`` reads it back)."""
+    return {"input": text}
+
+
+def custom_input(arguments: str, complete: bool) -> str:
+    """A custom tool's input, from its call's arguments: the string of the one argument (a cut-off call: the
+    text so far)."""
+    if not complete:
+        return arguments
+    value = json.loads(arguments).get("input", "")
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCallRules:
+    """What to read out of one reply: the model's format, and which calls the request's tools take."""
+
+    format: CallFormat
+    accept: Callable[[str, dict], bool]  # (name, arguments)
+    schemas: Schemas = dataclasses.field(default_factory=dict)  # the tools' parameters, by name
+    raw_inputs: frozenset[str] = frozenset()  # the tools called in the raw form
+
+
+Event = Union[TextDelta, ReasoningDelta, ToolCall]
+_PARTIAL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+
+
+class CallReader:
+    """Splits streamed text into text deltas and tool calls, by the rules' format.
+
+    Text that could be the start of an opening is held back until it is known
+    not to be one; what follows an opening is held until the format's close.
+    Text that looks like a call but does not parse, or that the request's tools
+    do not take (an unknown name, arguments against a strict schema), stays text.
+    """
+
+    def __init__(self, rules: ToolCallRules) -> None:
+        self.rules = rules
+        self.format = rules.format
+        self.calls = 0
+        self._pending = ""
+        self._opened: Optional[str] = None  # the opening of the calls being read
+        self._first = rules.format.reply_json  # still at the reply's start, where a JSON object is a call
+        self._after_call = False
+        self._space = ""  # trailing whitespace, held until text follows (not a call)
+
+    def feed(self, text: str) -> list[Event]:
+        self._pending += text
+        out: list[Event] = []
+        opens, close = self.format.opens, self.format.close
+        if self._first:
+            head = self._pending.lstrip()
+            if not head:
+                return out
+            self._first = False
+            if head.startswith("{"):
+                self._opened, self._pending = "{", head
+        while True:
+            if self._opened is None:
+                marks = opens + self.format.kept + self.format.drops
+                found = [(at, o) for o in marks if (at := self._pending.find(o)) >= 0]
+                if not found:
+                    cut = len(self._pending) - partial_tag(self._pending, marks)
+                    self._text(self._pending[:cut], out)
+                    self._pending = self._pending[cut:]
+                    return out
+                at, opening = min(found, key=lambda f: (f[0], -len(f[1])))
+                self._text(self._pending[:at], out)
+                if opening in self.format.drops:
+                    self._pending = self._pending[at + len(opening):]
+                    continue
+                keep = len(opening) if opening in self.format.kept else 0
+                self._pending = self._pending[at + len(opening) - keep:]
+                self._opened = opening
+            elif close is None or self._opened == "{":
+                return out  # the calls run to the end of the text
+            else:
+                end = self._pending.find(close)
+                if end < 0:
+                    return out
+                body, self._pending = self._pending[:end], self._pending[end + len(close):]
+                self._read(body, self._raw(body) + close, out)
+                self._opened = None
+
+    def flush(self, cut: bool = False) -> list[Event]:
+        """What is held back when the text ends: calls that run to the end are read; a call ``cut`` off by the
+        token limit is a partial call if it has named one of the tools, as OpenAI returns it (Hermes' JSON)."""
+        out: list[Event] = []
+        pending, self._pending = self._pending, ""
+        if self._opened is None:
+            self._text(pending, out)
+        elif self.format.close is None or self._opened == "{" or (self.format.unclosed and not cut):
+            self._read(pending, self._raw(pending), out)
+        elif cut and (partial := _partial_call(pending, self.rules.schemas)) is not None:
+            out.append(partial)
+            self.calls += 1
+        else:
+            self._text(self._raw(pending), out)
+        self._opened = None
+        if self._space and not self._after_call:
+            out.append(TextDelta(self._space))
+        self._space = ""
+        return out
+
+    def _raw(self, body: str) -> str:
+        """The reply's text of what the opening opened."""
+        return ("" if self._opened in self.format.kept or self._opened == "{" else self._opened) + body
+
+    def _read(self, body: str, raw: str, out: list) -> None:
+        calls = self.format.parse(body.strip(), self.rules.schemas)
+        found = None
+        if calls is not None and all(self.rules.accept(c.name, c.arguments) for c in calls):
+            found = [ToolCall(uuid.uuid4().hex[:24], c.name, json.dumps(c.arguments, ensure_ascii=False))
+                     for c in calls]
+        elif self.rules.raw_inputs:
+            call = self._raw_call(body.removeprefix("\n"))
+            found = [call] if call is not None else None
+        if found is None:
+            self._text(raw, out)
+            return
+        out.extend(found)
+        self.calls += len(found)
+        self._after_call = True
+        self._space = ""
+
+    def _raw_call(self, body: str) -> Optional[ToolCall]:
+        """A raw-input call (its head line, then its input), if the body is one of a tool called so."""
+        head, _, text = body.partition("\n")
+        try:
+            value = json.loads(head)
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or value.keys() != {"name"} or value["name"] not in self.rules.raw_inputs:
+            return None
+        arguments = custom_arguments(text.removesuffix("\n"))
+        if not self.rules.accept(value["name"], arguments):
+            return None
+        return ToolCall(uuid.uuid4().hex[:24], value["name"], json.dumps(arguments, ensure_ascii=False))
+
+    def _text(self, text: str, out: list) -> None:
+        # The whitespace a model puts around its calls is not part of its reply.
+        text = self._space + text
+        if self._after_call:
+            text = text.lstrip()
+            self._after_call = not text
+        body = text.rstrip()
+        self._space = text[len(body):]
+        if body:
+            out.append(TextDelta(body))
+
+
+def _partial_call(body: str, schemas: Schemas) -> Optional[ToolCall]:
+    """A call cut off in its JSON arguments, if it has named one of the tools."""
+    head = _PARTIAL_HEAD.match(body)
+    if head is None or head.group(1) not in schemas:
+        return None
+    return ToolCall(uuid.uuid4().hex[:24], head.group(1), body[head.end():].rstrip(), complete=False)

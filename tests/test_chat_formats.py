@@ -1,0 +1,138 @@
+"""Replies read as llama.cpp reads them, family by family: the cases of llama.cpp's tests/test-chat.cpp that a
+chat request can express (tests/data/chat_replies.json, written from it by tests/support/chat_cases.py), each
+run on its real chat template.
+
+A case's template is rendered for a user's turn (with the case's tools and thinking switch), the reply is read
+as the server reads it (the template's format and thinking tags, the prompt's open thinking block) whole and in
+3-character pieces, and the reply's text, reasoning and calls must be llama.cpp's: text and reasoning compared
+without the white space at their ends (which the server trims around calls), arguments as JSON values.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from kronk_wsgi.api.planning import call_format, reply_reading
+from kronk_wsgi.engine.chat_template import ChatTemplate
+from kronk_wsgi.engine.gguf_file import read_gguf
+from kronk_wsgi.engine.grammar import Grammar
+from kronk_wsgi.engine.tokenizer import GGUFTokenizer
+from kronk_wsgi.serving.events import ReasoningDelta, TextDelta, ToolCall
+from kronk_wsgi.serving.formats import FORMATS, Call, ToolCallRules
+from kronk_wsgi.serving.jobs import ReplyReader
+from kronk_wsgi.testing import fetch_llama_cpp_templates
+
+DATA = json.loads((Path(__file__).parent / "data" / "chat_replies.json").read_text(encoding="utf-8"))
+TOOLS = {name: {"type": "function", "function": tool} for name, tool in DATA["tools"].items()}
+
+
+# What the server does not read as llama.cpp does yet, by case (template without .jinja, and line).
+NOT_YET = {
+    **dict.fromkeys(["Kimi-K3:4885", "Kimi-K3:4891", "Kimi-K3:4899", "Kimi-K3:4905", "Kimi-K3:4911", "Kimi-K3:4923",
+                     "Kimi-K3:4936", "Kimi-K3:4949", "Kimi-K3:4967"],
+                    "Kimi K3's <|open|>name<|sep|> ... <|close|> blocks are not read"),
+    **dict.fromkeys(["google-gemma-4-31B-it:3155", "google-gemma-4-31B-it:3161", "google-gemma-4-31B-it:3167",
+                     "google-gemma-4-31B-it:3173"],
+                    "empty thought blocks and stray channel marks after a Gemma 4 answer stay in its text"),
+    **dict.fromkeys(["MiniMax-M3:5511", "MiniMax-M3:5542"],
+                    "MiniMax M3's thinking_mode is not set from the request: its prompt does not open the thinking"),
+    "MiniMax-M3:5809": "a MiniMax M3 parameter that may be a string or an object is read as an object",
+    "inclusionai-ling-3.0-flash:4742": "Ling's <|role_end|> stays in the text",
+    **dict.fromkeys(["meetkai-functionary-medium-v3.2:5967", "meetkai-functionary-medium-v3.2:5968"],
+                    "Functionary v3.2's >>>recipient messages are not read"),
+    **dict.fromkeys(["fireworks-ai-llama-3-firefunction-v2:5986", "fireworks-ai-llama-3-firefunction-v2:5987"],
+                    "the template reads a `functions` variable that only llama.cpp passes"),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B:6122":
+        "a reply that never closes the thinking its prompt opened is reasoning here (it streams as reasoning)",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B:6123": "an R1 distill writing Hermes calls is not read",
+    **dict.fromkeys(["Apriel-1.6-15b-Thinker-fixed:6227", "Apriel-1.6-15b-Thinker-fixed:6235"],
+                    "Apriel 1.6's [BEGIN FINAL RESPONSE] reasoning is not read"),
+    "muse-glimmer:6381": "Muse Glimmer's to=user<|message|> replies are not read",
+}
+
+
+def case_id(case: dict) -> str:
+    return f"{case['template'].removesuffix('.jinja')}:{case['line']}"
+
+
+@pytest.fixture(scope="module")
+def templates() -> Path:
+    return fetch_llama_cpp_templates()
+
+
+def read(template: ChatTemplate, case: dict, pieces: list[str]) -> dict:
+    tools = [TOOLS[name] for name in case["tools"]]
+    rendered = template.render([{"role": "user", "content": "Hey there!"}], tools or None, case["enable_thinking"])
+    reading = reply_reading(template, rendered.text)
+    if tools:
+        rules = ToolCallRules(call_format(template), lambda name, arguments: True,
+                              {t["function"]["name"]: t["function"]["parameters"] for t in tools})
+        reading = dataclasses.replace(reading, tool_rules=rules)
+    reader = ReplyReader(reading)
+    events = [e for piece in pieces for e in reader.feed(piece)] + reader.finish()
+    return {
+        "content": "".join(e.text for e in events if isinstance(e, TextDelta)).strip(),
+        "reasoning_content": "".join(e.text for e in events if isinstance(e, ReasoningDelta)).strip(),
+        "tool_calls": [{"name": e.name, "arguments": json.loads(e.arguments)} for e in events
+                       if isinstance(e, ToolCall)],
+    }
+
+
+def expected(case: dict) -> dict:
+    want = case["expect"]
+    return {
+        "content": want["content"].strip(),
+        "reasoning_content": want["reasoning_content"].strip(),
+        "tool_calls": [{"name": c["name"], "arguments": json.loads(c["arguments"] or "{}")} for c in want["tool_calls"]],
+    }
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.xfail(reason=NOT_YET[case_id(case)], strict=True))
+    if case_id(case) in NOT_YET else case for case in DATA["cases"]], ids=case_id)
+def test_a_reply_reads_as_llama_cpp_reads_it(case, templates):
+    template = ChatTemplate((templates / case["template"]).read_text(encoding="utf-8"), "<s>", "</s>")
+    reply = case["reply"]
+    assert read(template, case, [reply]) == expected(case)
+    assert read(template, case, [reply[i:i + 3] for i in range(0, len(reply), 3)]) == expected(case)
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                            "units": {"type": "string", "enum": ["c", "f"]}},
+           "required": ["city", "days"]}
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "", "parameters": WEATHER}}
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(smollm2):
+    return GGUFTokenizer(read_gguf(smollm2))
+
+
+def walk(tokenizer, grammar: str, text: str) -> bool:
+    """Whether ``text`` is what the grammar holds a reply to, token by token, to its end."""
+    constraint = Grammar(tokenizer, frozenset({tokenizer.eos_id}), grammar).constraint()
+    for token in tokenizer.encode(text):
+        if not constraint.allowed()[token]:
+            return False
+        constraint.take(token)
+    return constraint.complete or bool(constraint.allowed()[tokenizer.eos_id])
+
+
+@pytest.mark.parametrize("form", FORMATS, ids=lambda f: f.name)
+def test_a_forced_call_is_held_to_what_the_format_reads_back(form, smollm2_tokenizer):
+    call = Call("get_weather", {"city": "Paris <b>", "days": 3})
+    schemas = {"get_weather": WEATHER}
+    text = form.written([call], schemas)
+    reader = form.reader(ToolCallRules(form, lambda name, arguments: True, schemas))
+    events = reader.feed(text) + reader.flush()
+    assert [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)] == \
+        [("get_weather", call.arguments)], events
+    opening = form.opening("get_weather")
+    assert text.startswith(opening)
+    forced = form.grammar([WEATHER_TOOL], frozenset({"get_weather"}), {}, "get_weather")
+    assert walk(smollm2_tokenizer, forced, text[len(opening):])
+    assert not walk(smollm2_tokenizer, forced, text[len(opening):].replace("3", '"3"'))  # against the schema
+    held = form.grammar([WEATHER_TOOL], frozenset({"get_weather"}), {}, forced=False)  # after opens[0]
+    assert walk(smollm2_tokenizer, held, text.partition(form.opens[0])[2] if form.opens[0] in text else text)

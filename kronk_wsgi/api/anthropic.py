@@ -20,7 +20,7 @@ from .cache_diagnostics import diagnose
 from .planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
 from .protocol import Framing, Protocol
 from .response import Encoder, respond
-from .schemas import FunctionName, Strict, template_tool, template_tool_call
+from .schemas import FunctionName, Strict, template_tool, template_tool_call, template_variables
 from .sessions import start_generation, use_model
 from .sse import sse
 from .state import RequestRecord, record
@@ -297,8 +297,8 @@ class JsonOutputFormat(Strict):
 
 
 class OutputConfig(Strict):
-    """``format`` constrains the reply to JSON valid against its schema; ``effort`` is accepted (a local model
-    spends what max_tokens allows)."""
+    """``format`` constrains the reply to JSON valid against its schema; ``effort`` reaches the chat template as
+    its ``reasoning_effort`` (``max`` as ``high``), which templates such as gpt-oss's read."""
 
     effort: Optional[Literal["low", "medium", "high", "max"]] = None
     format: Optional[JsonOutputFormat] = None
@@ -395,6 +395,10 @@ class CountTokensRequest(Strict):
         offered = self.offered_tools()
         return [template_tool(t.name, t.description, t.input_schema) for t in offered] if offered else None
 
+    def effort(self) -> Optional[str]:
+        effort = self.output_config.effort if self.output_config else None
+        return "high" if effort == "max" else effort
+
     def thinking_switch(self) -> Optional[bool]:
         return None if self.thinking is None else not isinstance(self.thinking, ThinkingDisabled)
 
@@ -467,7 +471,7 @@ class MessagesRequest(CountTokensRequest):
             continue_final=messages[-1]["role"] == "assistant",
             reply_format=ReplyFormat(output_format.schema_, strict=True, param="output_config.format")
             if output_format else None,
-            thinking=self.thinking_switch(),
+            thinking=self.thinking_switch(), template_vars=template_variables(self.effort()),
             thinking_budget=self.thinking.budget_tokens if isinstance(self.thinking, ThinkingEnabled) else None,
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0),
             stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens, not_offered=self.not_offered(),
@@ -540,7 +544,8 @@ def count_tokens():
     """The number of prompt tokens the same request would use."""
     body = parse_body(CountTokensRequest)
     with use_model(body.model) as model:
-        prompt = render_chat(model, body.template_messages(), body.template_tools(), body.thinking_switch())
+        prompt = render_chat(model, body.template_messages(), body.template_tools(), body.thinking_switch(),
+                             variables=template_variables(body.effort()))
         return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
 
 

@@ -38,7 +38,7 @@ from .openai_chat import by_choice, token_text
 from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
 from .protocol import Framing, Protocol
 from .response import Encoder, respond, run_to_end
-from .schemas import FunctionDefinition, Strict, template_tool, template_tool_call
+from .schemas import FunctionDefinition, Strict, template_tool, template_tool_call, template_variables
 from .sessions import start_embedding, start_generation, use_model
 from .sse import compact_json
 from .state import record, state
@@ -159,6 +159,8 @@ class Message(Strict):
             message["tool_call_id"] = self.tool_call_id or ""
             if self.tool_name:
                 message["name"] = self.tool_name
+        if self.thinking and self.role == "assistant":  # an earlier answer's, for the template to render or not
+            message["reasoning_content"] = message["thinking"] = self.thinking
         return message
 
 
@@ -576,7 +578,8 @@ def generation_request(body: Generating, model_id: str, **prompt: Any) -> Genera
         model_id, reply_format=reply_format(body.format), sampling=sampling(options),
         stop=tuple(options.stop or ()), max_tokens=max_tokens, max_tokens_param="options.num_predict",
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None, context=options.num_ctx,
-        context_param="options.num_ctx", **prompt,
+        context_param="options.num_ctx",
+        template_vars=template_variables(body.think if isinstance(body.think, str) else None), **prompt,
     )
 
 

@@ -29,6 +29,7 @@ from .response import Encoder, respond, watched
 from .schemas import (
     CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
     ServiceTier, Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
+    template_variables,
 )
 from .sessions import start_generation, start_later
 from .sse import sse
@@ -379,7 +380,7 @@ class ResponsesRequest(Strict):
             self.model, prompt_param="input", messages=messages, cache_breaks=tuple(before + b for b in breaks),
             tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
             thinking=None if effort is None else effort not in ("none", "minimal"),
-            truncate=self.truncation == "auto",
+            template_vars=template_variables(effort), truncate=self.truncation == "auto",
             not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
             max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),

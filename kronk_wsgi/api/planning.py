@@ -8,7 +8,7 @@ raise ``ApiError``s that name the body's own fields.
 
 import dataclasses
 import os
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jsonschema
 import jsonschema.protocols
@@ -104,6 +104,8 @@ class GenerationRequest:
     reply_format: Optional[ReplyFormat] = None
     thinking: Optional[bool] = None
     thinking_budget: Optional[int] = None
+    # Variables the chat template reads (chat_template_kwargs, reasoning_effort), as the client named them.
+    template_vars: Optional[Mapping[str, Any]] = None
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     max_tokens: Optional[int] = None
@@ -185,7 +187,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     texts: Sequence[Union[Prompt, RenderedPrompt]] = request.prompts
     if request.messages is not None:
         rendered = render_chat(model, request.messages, request.tools.tools if request.tools else None,
-                               request.thinking, request.continue_final)
+                               request.thinking, request.continue_final, request.template_vars)
         texts = [rendered]
         reading = reply_reading(model.template, rendered.text)
         if request.calls_tools:
@@ -227,19 +229,20 @@ def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[P
             points.append(len(tokens))  # the whole prompt: saved with its answer
             continue
         # In the model's preparation thread: a render, a tokenize and a comparison of tens of thousands of tokens.
-        point = offload.call(model.prep, _break_point, model, request.messages[:count], tools, request.thinking,
+        point = offload.call(model.prep, _break_point, model, request.messages[:count], tools, request,
                              prompt, tokens)
         if point is not None:
             points.append(point)
     return tuple(points)
 
 
-def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict]], thinking: Optional[bool],
+def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict]], request: GenerationRequest,
                  prompt: RenderedPrompt, tokens: list[int]) -> Optional[int]:
     """How many of the prompt's ``tokens`` the conversation's first messages, ``head``, run through; None if the
     template cannot render them alone."""
     try:
-        rendered = model.template.render(head, tools, thinking, tool_text=tool_text(model.template, tools))
+        rendered = model.template.render(head, tools, request.thinking, tool_text=tool_text(model.template, tools),
+                                         variables=request.template_vars)
     except ChatTemplateError:
         return None
     text = os.path.commonprefix([rendered.text, prompt.text])
@@ -268,17 +271,17 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, tru
 
 def render_chat(
     model: LoadedModel, messages: list[dict], tools: Optional[Sequence[dict]], thinking: Optional[bool] = None,
-    continue_final: bool = False,
+    continue_final: bool = False, variables: Optional[Mapping[str, Any]] = None,
 ) -> RenderedPrompt:
-    """The prompt from the model's chat template (tools written into the messages where it renders none);
-    400 if the template cannot take these messages."""
+    """The prompt from the model's chat template (tools written into the messages where it renders none, the
+    request's ``variables`` given to it); 400 if the template cannot take these messages."""
     try:
         # In the model's preparation thread: a long conversation or template loop must not stall the event loop.
         tools = list(tools) if tools else None
         return offload.call(model.prep, model.template.render, messages, tools, thinking, continue_final,
-                            tool_text(model.template, tools))
+                            tool_text(model.template, tools), variables)
     except ChatTemplateError as exc:
-        raise invalid(str(exc), param="messages") from None
+        raise invalid(str(exc), param="chat_template_kwargs" if exc.variables else "messages") from None
 
 
 def reply_reading(template: ChatTemplate, prompt: str) -> ReplyReading:

@@ -79,11 +79,11 @@ def template_role(role: str) -> str:
 
 
 def template_tool(name: str, description: Optional[str], parameters: Optional[dict]) -> dict:
-    """A tool as chat templates take it (the Hugging Face convention)."""
-    function: dict[str, Any] = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}
-    if description:
-        function["description"] = description
-    return {"type": "function", "function": function}
+    """A tool as chat templates take it (the Hugging Face convention), its keys in the order clients send them and
+    llama-server renders them, a missing description empty (templates such as gpt-oss's read it)."""
+    return {"type": "function", "function": {
+        "name": name, "description": description or "",
+        "parameters": parameters or {"type": "object", "properties": {}}}}
 
 
 def template_tool_call(call_id: str, name: str, arguments: dict) -> dict:
@@ -176,6 +176,9 @@ class ChatMessage(Strict):
     tool_call_id: Optional[str] = None
     refusal: Optional[str] = None  # an earlier answer's refusal: it goes into the prompt as its text
     function_call: Optional[FunctionCall] = None  # an earlier answer's legacy function call
+    # An earlier answer's thinking, as this server (and llama-server, DeepSeek's API) writes it: the chat
+    # template has it as the message's reasoning_content (and thinking, gpt-oss's name) to render or leave out.
+    reasoning_content: Optional[str] = None
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "ChatMessage":
@@ -196,6 +199,8 @@ class ChatMessage(Strict):
                 json_object(call.function.arguments, "tool_calls[].function.arguments")
         if self.refusal is not None and self.role != "assistant":
             raise ValueError("only assistant messages carry a refusal")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry reasoning_content")
         return self
 
     def text(self) -> str:
@@ -221,6 +226,8 @@ class ChatMessage(Strict):
             message["tool_calls"] = [template_tool_call("call_" + call.name, call.name, json.loads(call.arguments))]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content:
+            message["reasoning_content"] = message["thinking"] = self.reasoning_content
         return message
 
 
@@ -300,6 +307,12 @@ class SamplingFields(Strict):
 # Every reasoning_effort OpenAI defines: none and minimal switch thinking off, the others on.
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
+def template_variables(effort: Optional[str], given: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+    """The chat template's variables a request sets: its reasoning effort, then the ones it names itself."""
+    variables = {**({"reasoning_effort": effort} if effort is not None else {}), **(given or {})}
+    return variables or None
+
+
 # OpenAI's service tiers: this server has one, and it meets every one of them.
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 
@@ -372,8 +385,11 @@ class ChatCompletionRequest(SamplingFields):
     prediction: Optional[Prediction] = None
     response_format: Optional[Annotated[
         Union[TextResponseFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]] = None
-    # Switches thinking on or off where the model's chat template can (``enable_thinking``).
+    # Switches thinking on or off where the model's chat template can (``enable_thinking``), and reaches the
+    # template as ``reasoning_effort`` (gpt-oss's); chat_template_kwargs are more variables for the template, as
+    # vLLM and llama-server take them.
     reasoning_effort: Optional[ReasoningEffort] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
     logprobs: bool = False
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
     # Accepted as today's clients send them: see docs/PROTOCOLS.rst for what each does here.
@@ -425,7 +441,7 @@ class ChatCompletionRequest(SamplingFields):
             self.model, prompt_param="messages", messages=[m.for_template() for m in self.messages], n=self.n,
             tools=self._tool_use(), reply_format=self._reply_format(),
             continue_final=self.continue_final_message or not self.add_generation_prompt,
-            thinking=None if self.reasoning_effort is None else self.reasoning_effort not in ("none", "minimal"),
+            thinking=self._thinking(), template_vars=template_variables(self.reasoning_effort, self.chat_template_kwargs),
             sampling=self.sampling(), stop=self.stop_sequences(),
             max_tokens=self.max_completion_tokens or self.max_tokens,
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
@@ -436,6 +452,12 @@ class ChatCompletionRequest(SamplingFields):
                                if isinstance(message.content, list)
                                and any(part.prompt_cache_breakpoint for part in message.content)),
         )
+
+    def _thinking(self) -> Optional[bool]:
+        switch = (self.chat_template_kwargs or {}).get("enable_thinking")
+        if isinstance(switch, bool):
+            return switch
+        return None if self.reasoning_effort is None else self.reasoning_effort not in ("none", "minimal")
 
     def _reply_format(self) -> Optional[ReplyFormat]:
         return grammar_fields(self.grammar, self.json_schema) or reply_format(self.response_format, "response_format")

@@ -17,7 +17,7 @@ import functools
 import itertools
 import json
 import re
-from typing import Any, Iterable, NamedTuple, Optional
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 import jinja2
 import jinja2.ext
@@ -246,7 +246,16 @@ _MARKER = re.compile(r"<[|/]?[A-Za-z_|]{2,30}[|]?>|\[/?[A-Z_]{2,20}\]")  # <|im_
 
 
 class ChatTemplateError(ValueError):
-    """The messages cannot be rendered by this template (its message says why)."""
+    """The messages cannot be rendered by this template (its message says why); ``variables``: the request's
+    template variables are the cause."""
+
+    def __init__(self, message: str, variables: bool = False) -> None:
+        super().__init__(message)
+        self.variables = variables
+
+
+# What the server itself gives a template; a request's variables cannot set these.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 def _raise_exception(message: str) -> None:
@@ -330,7 +339,7 @@ class ChatTemplate:
 
     def render(
         self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None, thinking: Optional[bool] = None,
-        continue_final: bool = False, tool_text: Optional[str] = None,
+        continue_final: bool = False, tool_text: Optional[str] = None, variables: Optional[Mapping[str, Any]] = None,
     ) -> RenderedPrompt:
         """Prompt text for ``messages``, ending where the assistant's reply begins.
 
@@ -338,12 +347,18 @@ class ChatTemplate:
         ``tool_text`` (the model's own way of calling them) joins the system
         message, the template rendering the calls and results itself; without
         it, definitions, calls and results are written as Hermes text.
+        ``variables`` are more of the template's variables (``reasoning_effort``,
+        ``enable_thinking``, ...), as a request names them.
 
         ``thinking`` reaches the template as ``enable_thinking`` (true if not given, as llama-server
-        passes it): templates of reasoning models read it to switch thinking on or off; others ignore it. With ``continue_final`` the last
+        passes it): templates of reasoning models read it to switch thinking on or off; others
+        ignore it. With ``continue_final`` the last
         message is the assistant's and the prompt ends inside it, where its text ends: the reply
         continues it (as the Messages API does with a final assistant message).
         """
+        reserved = RESERVED_VARIABLES & set(variables or ())
+        if reserved:
+            raise ChatTemplateError(f"the template variable {min(reserved)!r} is the server's to set", variables=True)
         if tools and not self.renders_tools:
             messages = _with_tools_as_text(messages, tools) if tool_text is None else _with_system(messages, tool_text)
             tools = None
@@ -351,17 +366,20 @@ class ChatTemplate:
         if self._control is not None:
             inert = _inert_for(json.dumps([messages, tools], ensure_ascii=False))
             messages, tools = self._mark(messages, inert), self._mark(tools, inert)
+        variables = dict(variables or {})
+        if thinking is not None:
+            variables.setdefault("enable_thinking", thinking)
         if continue_final:
-            return RenderedPrompt(self._continued(messages, tools, thinking), inert)
-        return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True, thinking=thinking), inert)
+            return RenderedPrompt(self._continued(messages, tools, variables), inert)
+        return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True, variables=variables), inert)
 
-    def _continued(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], thinking: Optional[bool]) -> str:
+    def _continued(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], variables: dict) -> str:
         """The conversation rendered up to the end of its final (assistant) message's text."""
         final = messages[-1]
         if final["role"] != "assistant" or final.get("tool_calls"):
             raise ChatTemplateError("only a final assistant message of text can be continued")
         text = self._render(messages[:-1] + [{**final, "content": _PROBE}], tools, add_generation_prompt=False,
-                            thinking=thinking)
+                            variables=variables)
         head, found, _ = text.partition(_PROBE)
         if not found:
             raise ChatTemplateError("this chat template drops a final assistant message: it cannot be continued")
@@ -386,15 +404,16 @@ class ChatTemplate:
         return match.group() if match else None
 
     def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], add_generation_prompt: bool,
-                thinking: Optional[bool] = None) -> str:
+                variables: Optional[dict] = None) -> str:
+        variables = {"enable_thinking": True, **(variables or {})}  # on unless asked, as llama-server has it
         try:
             return self._template.render(
+                **variables,
                 messages=messages,
                 **({"tools": tools} if tools else {}),  # none: undefined, as llama-server leaves it
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-                enable_thinking=True if thinking is None else thinking,  # on unless asked, as llama-server has it
             )
         except ChatTemplateError:
             raise

@@ -40,10 +40,11 @@ Parse = Callable[[str, Schemas], Optional[list[Call]]]
 class XmlArguments:
     """Arguments written one element per parameter: ``key_head(name, is_text)``, the value (as JSON; with
     ``raw_strings`` a string's text as it is, between ``quote`` marks, matching ``text``), then ``key_tail``
-    (with the name for ``{key}``)."""
+    (with the name for ``{key}``); ``separator`` between two parameters."""
 
     key_head: Callable[[str, bool], str]
     key_tail: str
+    separator: str = ""
     raw_strings: bool = True
     quote: str = ""
     text: str = r"([^<]|<[^\/])*"  # a regex: by default any text without "</"
@@ -96,7 +97,7 @@ class CallFormat:
             raw = self.xml.raw_strings and _is_text(properties.get(key)) and isinstance(value, str)
             text = f"{self.xml.quote}{value}{self.xml.quote}" if raw else json.dumps(value, ensure_ascii=False)
             out.append(self.xml.key_head(key, raw) + text + self.xml.key_tail.format(key=key))
-        return "".join(out)
+        return self.xml.separator.join(out)
 
     def teaching(self, tools: list[dict]) -> str:
         """System text that offers ``tools`` and shows how to call one in this format."""
@@ -147,10 +148,11 @@ class CallFormat:
             body = "(" + " | ".join(f"{head(t['function']['name'])} {arguments(t['function']['name'])}"
                                     for t in tools) + ")"
         if forced:
-            main = f"start: {body} {text(self.end)}\n"
+            main = f"start: {body} {text(self.end)}"
         else:
             rest = self.start.partition(self.opens[0])[2] if self.opens[0] in self.start else self.start
-            main = f"start: {text(rest)} {body} ({text(self.between)} {body})* {text(self.end)}\n"
+            main = f"start: {text(rest)} {body} ({text(self.between)} {body})* {text(self.end)}"
+        main = (main if main.removeprefix("start:").strip() else 'start: ""') + "\n"
         if not raw_inputs:
             return lark_grammar(main)
         return json.dumps({"grammars": [{"lark_grammar": main}] + [
@@ -170,7 +172,7 @@ class CallFormat:
         """``text`` as Lark, its markers that are control tokens matched as those tokens."""
         tags = [t for t in self.tags if t in control and t in text]
         if not text:
-            return '""'
+            return ""  # nothing: an empty literal repeated in a grammar confuses its lexer
         if not tags:
             return lark_string(text)
         parts = re.split("(" + "|".join(map(re.escape, tags)) + ")", text)
@@ -179,16 +181,24 @@ class CallFormat:
     def _xml_arguments(self, schema: dict, lenient: bool, text: Callable[[str], str]) -> str:
         """The parameters of ``schema`` one element each, in its order, the optional ones optional."""
         required = set(schema.get("required", ()))
-        items = []
+        items: dict[str, str] = {}
         for key, value_schema in (schema.get("properties") or {}).items():
             tail = self.xml.key_tail.format(key=key)
             if self.xml.raw_strings and _is_text(value_schema):
                 value = self._text_value(tail, text)
             else:
                 value = f"{lark_json(value_schema, lenient=lenient)} {text(tail)}"
-            item = f"{text(self.xml.key_head(key, self.xml.raw_strings and _is_text(value_schema)))} {value}"
-            items.append(item if key in required else f"({item})?")
-        return " ".join(items) or '""'
+            items[key] = f"{text(self.xml.key_head(key, self.xml.raw_strings and _is_text(value_schema)))} {value}"
+        if not items:
+            return ""
+        if not self.xml.separator:
+            return " ".join(item if key in required else f"({item})?" for key, item in items.items())
+        sep = text(self.xml.separator)
+        first = [item for key, item in items.items() if key in required]
+        if not first:  # none required: any of them, in any order
+            return "(" + "(" + " | ".join(items.values()) + f") ({sep} (" + " | ".join(items.values()) + "))*)?"
+        return f" {sep} ".join(first) + "".join(
+            f" ({sep} {item})?" for key, item in items.items() if key not in required)
 
 
 def _regex_literal(text: str) -> str:

@@ -96,6 +96,6 @@ FORMAT = CallFormat(
     tail="}",
     between="<tool_call|><|tool_call>",
     end="<tool_call|>",
-    xml=XmlArguments(lambda key, _text: f"{key}:", ",", quote=QUOTE, text=r'([^<]|<[^|]|<\|[^"])*'),
+    xml=XmlArguments(lambda key, _text: f"{key}:", "", separator=",", quote=QUOTE, text=r'([^<]|<[^|]|<\|[^"])*'),
     tags=("<|tool_call>", "<tool_call|>", QUOTE),
 )

@@ -105,13 +105,13 @@ class _Harmony(CallFormat):
 FORMAT = _Harmony(
     name="harmony",
     markers=("<|channel|>", "<|message|>"),
-    opens=("<|channel|>",),
+    opens=(" to=functions.",),  # where a call begins to be held to its tool's schema
     close=None,
     parse=lambda body, schemas: None,  # HarmonyReader reads the messages
-    start="<|channel|>commentary",
-    head=lambda name: f" to=functions.{name} <|constrain|>json<|message|>",
+    start="<|channel|>commentary to=functions.",
+    head=lambda name: f"{name} <|constrain|>json<|message|>",
     tail="<|call|>",
-    between="<|start|>assistant<|channel|>commentary",
+    between="<|start|>assistant<|channel|>commentary to=functions.",
     reads_reasoning=True,
     tags=("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>", "<|start|>"),
 )

@@ -63,6 +63,6 @@ FORMAT = CallFormat(
     tail=")",
     between=", ",
     end="]<|tool_call_end|>",
-    xml=XmlArguments(lambda key, _text: f"{key}=", ", ", raw_strings=False),
+    xml=XmlArguments(lambda key, _text: f"{key}=", "", separator=", ", raw_strings=False),
     tags=("<|tool_call_start|>", "<|tool_call_end|>"),
 )

@@ -33,7 +33,7 @@ FORMATS: tuple[CallFormat, ...] = (
     json_lists.APERTUS,
     json_lists.FIREFUNCTION,
     json_lists.GIGACHAT,
-    json_lists.APRIEL,
+    json_lists.TOOL_CALLS,
     pythonic.FORMAT,
     functionary.V3_1,
     hermes.FORMAT,

@@ -6,7 +6,7 @@ the reply; firefunction v2 `` functools[...]``; Apertus ``<|tools_prefix|>[{"nam
 ``<|START_ACTION|>[{"tool_call_id": ..., "tool_name": ..., "parameters": {...}}]<|END_ACTION|>`` (its
 answers between ``<|START_RESPONSE|>`` and ``<|END_RESPONSE|>``, which are left out), Command R+ the same list
 in a code block after ``Action:``; GigaChat 3, a JSON call after ``function call<|role_sep|>`` (3.1:
-``<|function_call|>``) to the end of the reply; Apriel ``<tool_calls>[...]</tool_calls>``.
+``<|function_call|>``) to the end of the reply; Apriel ``<tool_calls>[...]</tool_calls>`` (MiniMax M1: a call per line).
 """
 
 import json
@@ -140,12 +140,21 @@ COMMAND_R_PLUS = CallFormat(
     tags=("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>"),
 )
 
-APRIEL = CallFormat(
-    name="apriel",
+def _list_or_lines(body: str, schemas: Schemas) -> Optional[list[Call]]:
+    """A JSON list of calls, or one call per line."""
+    calls = json_calls(body, schemas)
+    if calls is not None or "\n" not in body:
+        return calls
+    lines = [json_calls(line, schemas) for line in body.splitlines() if line.strip()]
+    return None if None in lines else [call for line in lines for call in line]
+
+
+TOOL_CALLS = CallFormat(
+    name="tool-calls-json",
     markers=("<tool_calls>",),
     opens=("<tool_calls>",),
     close="</tool_calls>",
-    parse=_list_of_calls,
+    parse=_list_or_lines,
     start="<tool_calls>[",
     head=_name_arguments,
     tail="}",

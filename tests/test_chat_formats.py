@@ -42,8 +42,6 @@ NOT_YET = {
     "inclusionai-ling-3.0-flash:4742": "Ling's <|role_end|> stays in the text",
     **dict.fromkeys(["meetkai-functionary-medium-v3.2:5967", "meetkai-functionary-medium-v3.2:5968"],
                     "Functionary v3.2's >>>recipient messages are not read"),
-    **dict.fromkeys(["fireworks-ai-llama-3-firefunction-v2:5986", "fireworks-ai-llama-3-firefunction-v2:5987"],
-                    "the template reads a `functions` variable that only llama.cpp passes"),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B:6122":
         "a reply that never closes the thinking its prompt opened is reasoning here (it streams as reasoning)",
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B:6123": "an R1 distill writing Hermes calls is not read",

@@ -88,10 +88,10 @@ def test_a_final_assistant_message_is_continued_where_its_text_ends():
 
 def test_templates_compile_as_hugging_face_compiles_them():
     """Loop controls and the generation tag (Command R7B, Kimi, LFM2.5 and Laguna templates use them)."""
-    source = ("{% for message in messages %}{% if message.role == 'system' %}{% continue %}{% endif %}"
+    source = ("{% for message in messages %}{% if message.role == 'tool' %}{% continue %}{% endif %}"
               "{% if loop.index > 3 %}{% break %}{% endif %}"
               "{% if message.role == 'assistant' %}{% generation %}A: {{ message.content }}{% endgeneration %}"
               "{% else %}U: {{ message.content }}{% endif %}\n{% endfor %}")
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+    messages = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "t", "tool_call_id": "1"},
                 {"role": "assistant", "content": "hello"}, {"role": "user", "content": "cut"}]
     assert ChatTemplate(source).render(messages).text == "U: hiA: hello"  # trim_blocks takes the newlines

@@ -1,7 +1,7 @@
 """Chat messages to prompt text through a Jinja chat template.
 
 Templates come from model files, which are data, not trusted code: they run in
-Jinja's immutable sandbox. Models that ship none get a built-in template,
+Jinja's sandbox, on copies of the request's messages and tools. Models that ship none get a built-in template,
 selectable per model in the configuration.
 
 The template's own markers (``<|im_start|>``) become control tokens when the
@@ -12,6 +12,7 @@ that occurs nowhere in the request: the tokenizer does not see a control token
 there, and removes the character before it tokenizes that text as plain text.
 """
 
+import copy
 import datetime
 import functools
 import itertools
@@ -24,7 +25,7 @@ import jinja2.ext
 import jinja2.meta
 import jinja2.nodes
 import jinja2.parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 from .tokenizer import any_of
 
@@ -276,6 +277,17 @@ def _listed(value: Any) -> list:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
+class _Lenient(jinja2.ChainableUndefined):
+    """An undefined value as llama-server's templates see it: its attributes are undefined too, and joined to
+    text it is empty."""
+
+    def __add__(self, other: Any) -> Any:
+        return other
+
+    def __radd__(self, other: Any) -> Any:
+        return other
+
+
 class _Generation(jinja2.ext.Extension):
     """Hugging Face's ``{% generation %}...{% endgeneration %}`` (it marks the assistant's part of a training
     example): rendered as its body."""
@@ -294,11 +306,13 @@ class _Generation(jinja2.ext.Extension):
 @functools.lru_cache(maxsize=64)
 def _compile(source: str) -> tuple[jinja2.Template, frozenset[str]]:
     """The template and the names it reads from its context, in the environment Hugging Face's transformers
-    renders chat templates in (loop controls, the ``generation`` tag)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, _Generation])
+    renders chat templates in (loop controls, the ``generation`` tag), lists and dicts as mutable as
+    llama-server's templates have them (``append``, ``update``: each render gets its own copies)."""
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _Generation],
+                               undefined=_Lenient)
     env.globals["raise_exception"] = _raise_exception
     env.filters["tojson"] = _tojson
+    env.filters["safe"] = str  # nothing is escaped here: "safe" text joins other text as it is
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     tree = env.parse(source)
     return env.from_string(tree), frozenset(jinja2.meta.find_undeclared_variables(tree))
@@ -362,6 +376,7 @@ class ChatTemplate:
         if tools and not self.renders_tools:
             messages = _with_tools_as_text(messages, tools) if tool_text is None else _with_system(messages, tool_text)
             tools = None
+        messages = self._adapted(messages)
         inert = None
         if self._control is not None:
             inert = _inert_for(json.dumps([messages, tools], ensure_ascii=False))
@@ -369,6 +384,8 @@ class ChatTemplate:
         variables = dict(variables or {})
         if thinking is not None:
             variables.setdefault("enable_thinking", thinking)
+        if isinstance(variables.get("reasoning_effort"), str):
+            variables.setdefault("reasoning_strength", variables["reasoning_effort"])  # some templates' name
         if continue_final:
             return RenderedPrompt(self._continued(messages, tools, variables), inert)
         return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True, variables=variables), inert)
@@ -403,14 +420,53 @@ class ChatTemplate:
         match = _MARKER.match(after.lstrip()) if found else None
         return match.group() if match else None
 
+    @functools.cached_property
+    def _takes_system(self) -> bool:
+        """Whether the template renders a system message (Gemma 2's raises, some drop it)."""
+        try:
+            text = self._render([{"role": "system", "content": _PROBE}, {"role": "user", "content": "Hi"}], None,
+                                add_generation_prompt=True)
+        except ChatTemplateError:
+            return False
+        return _PROBE in text
+
+    @functools.cached_property
+    def _object_arguments(self) -> bool:
+        """Whether the template reads a past call's arguments as an object (else they are given as JSON text)."""
+        call = {"id": "call_1", "type": "function", "function": {"name": "probe", "arguments": {"arg": _PROBE}}}
+        try:
+            text = self._render([{"role": "user", "content": "Hi"},
+                                 {"role": "assistant", "content": "", "tool_calls": [call]}], None,
+                                add_generation_prompt=False)
+        except ChatTemplateError:
+            return False
+        return _PROBE in text and "{'arg'" not in text  # not the dict's Python repr
+
+    def _adapted(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages as llama-server adapts them to what the template takes: a system message it does not
+        render joins the next message (or goes, if alone); calls' arguments as JSON text where it reads text."""
+        if messages and messages[0]["role"] == "system" and not self._takes_system:
+            system, rest = messages[0], messages[1:]
+            messages = [{**rest[0], "content": system["content"] + "\n" + rest[0]["content"]}] + rest[1:] if rest \
+                else []
+        if not self._object_arguments:
+            messages = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
+                c["function"]["arguments"], ensure_ascii=False)}} for c in m["tool_calls"]]}
+                if m.get("tool_calls") else m for m in messages]
+        return messages
+
     def _render(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], add_generation_prompt: bool,
                 variables: Optional[dict] = None) -> str:
-        variables = {"enable_thinking": True, **(variables or {})}  # on unless asked, as llama-server has it
+        now = datetime.datetime.now()
+        variables = {  # what llama-server gives every template, unless the request sets it
+            "enable_thinking": True, "date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
+            "preserve_thinking": True, "clear_thinking": False, "truncate_history_thinking": False,
+            "drop_thinking": False, **(variables or {})}
         try:
             return self._template.render(
                 **variables,
-                messages=messages,
-                **({"tools": tools} if tools else {}),  # none: undefined, as llama-server leaves it
+                messages=copy.deepcopy(messages),
+                **({"tools": copy.deepcopy(tools)} if tools else {}),  # none: undefined, as llama-server leaves it
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,

@@ -24,6 +24,8 @@ from kronk_wsgi.serving.formats import FORMATS, Call, ToolCallRules
 from kronk_wsgi.serving.jobs import ReplyReader
 from kronk_wsgi.testing import fetch_llama_cpp_templates
 
+from .support.gguf_headers import write_header
+
 DATA = json.loads((Path(__file__).parent / "data" / "chat_replies.json").read_text(encoding="utf-8"))
 TOOLS = {name: {"type": "function", "function": tool} for name, tool in DATA["tools"].items()}
 
@@ -134,3 +136,11 @@ def test_a_forced_call_is_held_to_what_the_format_reads_back(form, smollm2_token
     assert not walk(smollm2_tokenizer, forced, text[len(opening):].replace("3", '"3"'))  # against the schema
     held = form.grammar([WEATHER_TOOL], frozenset({"get_weather"}), {}, forced=False)  # after opens[0]
     assert walk(smollm2_tokenizer, held, text.partition(form.opens[0])[2] if form.opens[0] in text else text)
+
+
+def test_gpt_oss_replies_end_at_return_or_call_not_at_the_end_of_a_message(tmp_path):
+    harmony = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
+    tokenizer = GGUFTokenizer(read_gguf(write_header(tmp_path / "oss.gguf", eos=0, markers=harmony)))
+    assert {tokenizer.token_text(i) for i in tokenizer.end_ids} == {"<|endoftext|>", "<|return|>", "<|call|>"}
+    chatml = GGUFTokenizer(read_gguf(write_header(tmp_path / "phi.gguf", eos=0, markers=("<|end|>",))))
+    assert {chatml.token_text(i) for i in chatml.end_ids} == {"<|endoftext|>", "<|end|>"}

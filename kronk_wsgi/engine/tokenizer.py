@@ -30,7 +30,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # Control tokens that end a turn in every model that has them (as llama.cpp treats them).
 END_OF_GENERATION = frozenset({
     "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>",
-    "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|return|>",
+    "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>",
 })
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -194,6 +194,8 @@ class GGUFTokenizer(Tokenizer):
         self._control_pattern = any_of(self.control)
         ends = {self.eos_id, special("eot_token_id"), special("eom_token_id")}
         ends |= {i for text, i in self.control.items() if text in END_OF_GENERATION}
+        if {"<|return|>", "<|call|>"} <= self.control.keys():  # gpt-oss: <|end|> ends a message, not the reply
+            ends.discard(self.control.get("<|end|>"))
         self.end_ids = frozenset(i for i in ends if i is not None)
         self._pieces = [self._piece_bytes(i) for i in range(len(tokens))]
         self.longest_piece = max(4, max((len(t.encode("utf-8", "surrogateescape")) for t in tokens), default=0))

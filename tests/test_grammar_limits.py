@@ -41,3 +41,13 @@ def test_an_unbounded_integer_is_held_to_16_digits_as_llama_cpp_holds_it(smollm2
         assert constraint.allowed()[token]
         constraint.take(token)
     assert not constraint.allowed()[tokenizer.encode("1")[0]]
+
+
+def test_a_custom_tools_regex_past_the_engines_limits_is_a_400_that_quotes_nothing(server):
+    tool = {"type": "custom", "name": "x", "description": "d",
+            "format": {"type": "grammar", "syntax": "regex", "definition": "(a{1000}){1000}"}}
+    body = {"model": "tiny", "input": "hi", "tools": [tool], "tool_choice": {"type": "custom", "name": "x"},
+            "max_output_tokens": 5}
+    reply = requests.post(server.url + "/v1/responses", json=body, timeout=120)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "grammar_error"
+    assert "a{1000}" not in reply.text and max(map(len, server.logs().splitlines())) < 5000

@@ -1,4 +1,5 @@
-"""Each family's reasoning and tool calls, end to end through real gunicorn, streamed in every protocol.
+"""Each family's reasoning and tool calls, end to end through real gunicorn, streamed in every protocol (thirty
+families, a model each).
 
 The models are the scripted engine (tests.support.scripted: the real engine, its sampling steered to write a
 reply in the family's own format) served with the family's real chat template from llama.cpp's
@@ -13,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from kronk_wsgi.testing import fetch_llama_cpp_templates, run_server
+from kronk_wsgi.testing import fetch_llama_cpp_templates, models_config, run_server
 
 from .support.scripted import KIND, run_scripted  # noqa: F401 (KIND: the engine the models name)
 
@@ -51,6 +52,49 @@ FAMILIES = {
                 '{city:<|"|>Paris<|"|>}<tool_call|>', THOUGHT, ""),
     "minimax-m2": ("MiniMax-M2.jinja", f"{THOUGHT}\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
                    '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>', THOUGHT, ""),
+    "minimax-m3": ("MiniMax-M3.jinja", f"<mm:think>{THOUGHT}</mm:think>]<]minimax[>[<tool_call>\n]<]minimax[>["
+                   '<invoke name="get_weather">]<]minimax[>[<city>Paris]<]minimax[>[</city>]<]minimax[>[</invoke>\n'
+                   "]<]minimax[>[</tool_call>", THOUGHT, ""),
+    "seed-oss": ("ByteDance-Seed-OSS.jinja", f"<seed:think>{THOUGHT}</seed:think>\n<seed:tool_call>\n"
+                 "<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>",
+                 THOUGHT, ""),
+    "nemotron-3-nano": ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", f"{THOUGHT}\n</think>\n<tool_call>\n"
+                        "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+                        THOUGHT, ""),
+    "deepseek-r1": ("llama-cpp-deepseek-r1.jinja", f"{THOUGHT}</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+                    'function<｜tool▁sep｜>get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>'
+                    "<｜tool▁calls▁end｜>", THOUGHT, ""),
+    "deepseek-v3.2": ("deepseek-ai-DeepSeek-V3.2.jinja", f"{THOUGHT}</think>\n\n<｜DSML｜function_calls>\n"
+                      '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris'
+                      "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", THOUGHT, ""),
+    "glm-4.7-flash": ("GLM-4.7-Flash.jinja", f"{THOUGHT}</think><tool_call>get_weather<arg_key>city</arg_key>"
+                      "<arg_value>Paris</arg_value></tool_call>", THOUGHT, ""),
+    "kimi-k2-thinking": ("Kimi-K2-Thinking.jinja", f"<think>{THOUGHT}</think><|tool_calls_section_begin|>"
+                         '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}'
+                         "<|tool_call_end|><|tool_calls_section_end|>", THOUGHT, ""),
+    "ministral-3-reasoning": ("mistralai-Ministral-3-14B-Reasoning-2512.jinja",
+                              f'[THINK]{THOUGHT}[/THINK][TOOL_CALLS]get_weather[ARGS]{{"city": "Paris"}}', THOUGHT, ""),
+    "mistral-nemo": ("mistralai-Mistral-Nemo-Instruct-2407.jinja",
+                     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", ""),
+    "lfm2.5": ("LFM2.5-8B-A1B.jinja", 'Let me check.<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
+               "", "Let me check."),
+    "granite-3.3": ("ibm-granite-granite-3.3-2B-Instruct.jinja", f"<think>{THOUGHT}</think>"
+                    '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', THOUGHT, ""),
+    "nemotron-nano-v2": ("NVIDIA-Nemotron-Nano-v2.jinja", f"{THOUGHT}\n</think>\n<TOOLCALL>[{{\"name\": "
+                         '"get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>', THOUGHT, ""),
+    "apertus": ("Apertus-8B-Instruct.jinja", '<|tools_prefix|>[{"get_weather": {"city": "Paris"}}]<|tools_suffix|>',
+                "", ""),
+    "command-r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", f"<|START_THINKING|>{THOUGHT}"
+                    '<|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                    '"parameters": {"city": "Paris"}}\n]<|END_ACTION|>', THOUGHT, ""),
+    "functionary-v3.1": ("meetkai-functionary-medium-v3.1.jinja",
+                         '<function=get_weather>{"city": "Paris"}</function>', "", ""),
+    "firefunction-v2": ("fireworks-ai-llama-3-firefunction-v2.jinja",
+                        ' functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", ""),
+    "gigachat3": ("GigaChat3-10B-A1.8B.jinja", 'function call<|role_sep|>\n{"name": "get_weather", '
+                  '"arguments": {"city": "Paris"}}', "", ""),
+    "minicpm5": ("openbmb-MiniCPM5-1B.jinja", f'{THOUGHT}\n</think>\n<function name="get_weather">'
+                 '<param name="city">Paris</param></function>', THOUGHT, ""),
 }
 
 
@@ -61,7 +105,7 @@ def templates():
 
 @pytest.fixture(scope="module")
 def families(tiny_model, templates, tmp_path_factory):
-    models = {name: {"path": str(tiny_model), "engine": SCRIPTED,
+    models = {name: {"path": str(tiny_model), "engine": SCRIPTED, "context_length": 8192,  # Cohere's long prompts
                      "chat_template": (templates / template).read_text(encoding="utf-8")}
               for name, (template, *_) in FAMILIES.items()}
     with run_scripted(tmp_path_factory.mktemp("families"), models, "qwen3-coder") as server:
@@ -136,8 +180,9 @@ def smollm2_families(smollm2, templates, tmp_path_factory):
     """SmolLM2 on the real llama.cpp engine, once per family's template."""
     models = {name: {"path": str(smollm2), "engine": "llama.cpp", "context_length": 2048, "chat_template":
                      (templates / template).read_text(encoding="utf-8")} for name, (template, *_) in FAMILIES.items()}
-    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "qwen3-coder"}
-    with run_server(tmp_path_factory.mktemp("smollm2-families"), env) as server:
+    tmp = tmp_path_factory.mktemp("smollm2-families")
+    env = {"KRONK_CONFIG": str(models_config(tmp / "models.toml", models)), "KRONK_DEFAULT_MODEL": "qwen3-coder"}
+    with run_server(tmp, env) as server:
         yield server
 
 

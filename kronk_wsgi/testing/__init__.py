@@ -138,6 +138,17 @@ def fetch_llama_cpp_templates() -> Path:
     return path
 
 
+def models_config(path: Path, models: Mapping[str, Mapping[str, object]]) -> Path:
+    """A TOML config file (KRONK_CONFIG) of ``models``: for models too large to pass in the environment (an
+    environment variable holds 128 KiB at most), such as many with their own chat templates."""
+    lines = []
+    for name, spec in models.items():
+        lines.append(f"[models.{json.dumps(name)}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in spec.items()]  # JSON strings are TOML strings
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ import numpy as np
 
 from kronk_wsgi.engine import ctransformers_engine
 from kronk_wsgi.engine.ctransformers_engine import CTransformersEngine, CTransformersSlot
-from kronk_wsgi.testing import Server, run_server
+from kronk_wsgi.testing import Server, models_config, run_server
 
 FREE = "<<free>>"
 ENDLESS = "<<endless>>"
@@ -77,7 +77,7 @@ def run_scripted(tmp: Path, models: dict, default_model: str) -> Iterator[Server
     ``say(text)`` sets what the scripted models write next."""
     script = tmp / "script.txt"
     script.write_text("")
-    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": default_model,
+    env = {"KRONK_CONFIG": str(models_config(tmp / "models.toml", models)), "KRONK_DEFAULT_MODEL": default_model,
            "KRONK_TEST_SCRIPT_FILE": str(script)}
     with run_server(tmp, env) as server:
         server.say = script.write_text

@@ -95,6 +95,7 @@ M3 = CallFormat(
     head=lambda name: f'{SEPARATOR}<invoke name="{name}">',
     tail=f"{SEPARATOR}</invoke>\n",
     end=SEPARATOR + "</tool_call>",
-    xml=XmlArguments(lambda key, _text: f"{SEPARATOR}<{key}>", SEPARATOR + "</{key}>"),
+    xml=XmlArguments(lambda key, _text: f"{SEPARATOR}<{key}>", SEPARATOR + "</{key}>",
+                     text=r"([^\]]|\][^<])*"),  # a string's text: anything but the separator
     tags=(SEPARATOR,),
 )

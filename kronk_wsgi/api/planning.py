@@ -19,9 +19,9 @@ from ..engine.generate import DecodeOptions
 from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
 from ..engine.sampling import SamplingParams
 from ..serving import offload
+from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
 from ..serving.jobs import EmbeddingJob, GenerationJob, ReplyReading
 from ..serving.pool import LoadedModel
-from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
 from ..serving.reasoning import opens_thinking, reasoning_of
 from .errors import ApiError, invalid
 

@@ -1,8 +1,8 @@
 """Chat messages to prompt text through a Jinja chat template.
 
 Templates come from model files, which are data, not trusted code: they run in
-Jinja's sandbox, on copies of the request's messages and tools. Models that ship none get a built-in template,
-selectable per model in the configuration.
+Jinja's sandbox, on copies of the request's messages and tools. Models that ship
+none get a built-in template, selectable per model in the configuration.
 
 The template's own markers (``<|im_start|>``) become control tokens when the
 prompt is tokenized; the same text inside a message must not. Before
@@ -364,11 +364,11 @@ class ChatTemplate:
         ``variables`` are more of the template's variables (``reasoning_effort``,
         ``enable_thinking``, ...), as a request names them.
 
-        ``thinking`` reaches the template as ``enable_thinking`` (true if not given, as llama-server
-        passes it): templates of reasoning models read it to switch thinking on or off; others
-        ignore it. With ``continue_final`` the last
-        message is the assistant's and the prompt ends inside it, where its text ends: the reply
-        continues it (as the Messages API does with a final assistant message).
+        ``thinking`` reaches the template as ``enable_thinking`` (true if not given, as
+        llama-server passes it): templates of reasoning models read it to switch thinking on
+        or off; others ignore it. With ``continue_final`` the last message is the assistant's
+        and the prompt ends inside it, where its text ends: the reply continues it (as the
+        Messages API does with a final assistant message).
         """
         reserved = RESERVED_VARIABLES & set(variables or ())
         if reserved:

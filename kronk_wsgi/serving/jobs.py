@@ -16,8 +16,8 @@ from ..engine.tokenizer import Tokenizer
 from .events import (
     ChoiceEnd, Embedding, Event, Finished, Logprobs, PromptCached, TextDelta, TokenLogprob, ToolCall, Usage,
 )
-from .reasoning import ReasoningSplitter, ReasoningSyntax
 from .formats import ToolCallRules
+from .reasoning import ReasoningSplitter, ReasoningSyntax
 
 
 class Job(Protocol):

@@ -13,6 +13,7 @@ from .engine.chat_template import ChatTemplate, template_for_vocabulary, templat
 from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
 from .engine.registry import ENGINES
 from .engine.tokenizer import GGUFTokenizer, control_tokens
+from .serving.formats import tool_rendering
 
 
 # Sliding-window architectures: of each run of this many layers, the last attends to the whole context and the
@@ -125,7 +126,7 @@ def describe(path: Path, context_length: Optional[int] = None) -> list[tuple[str
     chosen = template_for_vocabulary(control)
     rows.append(("chat template", shown or f"none in the file: the built-in {chosen}, as the vocabulary's turn "
                                            "markers say"))
-    rendering = ChatTemplate(template_source(None, template, control), control_tokens=control).tool_rendering
+    rendering = tool_rendering(ChatTemplate(template_source(None, template, control), control_tokens=control))
     rows.append(("tools", f"rendered by {rendering}"))
     if width and heads and layers:
         kv_cache = kv_cache_bytes(model, context)

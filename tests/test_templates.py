@@ -7,6 +7,7 @@ from kronk_wsgi.describe import describe
 from kronk_wsgi.engine.chat_template import BUILTIN_TEMPLATES, ChatTemplate
 from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
+from kronk_wsgi.serving.formats import tool_rendering
 
 from .support.gguf_headers import write_header
 
@@ -60,7 +61,7 @@ def test_tools_on_a_template_that_renders_none_are_written_into_the_messages():
         {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
     ]
     plain = ChatTemplate(BUILTIN_TEMPLATES["plain"])
-    assert not plain.renders_tools and "Hermes" in plain.tool_rendering
+    assert not plain.renders_tools and "Hermes" in tool_rendering(plain)
     text = plain.render(conversation, tools).text
     system, rest = text.split("\nuser: ", 1)
     assert system.startswith("system: Be brief.\n\n# Tools") and '{"type": "function", "function": {"name": ' in system

@@ -12,6 +12,7 @@ import pydantic
 from flask import Blueprint, jsonify
 
 from .. import hub
+from ..serving.formats import tool_rendering
 from . import pulling
 from .body import parse_body
 from .errors import ApiError
@@ -38,7 +39,7 @@ def _model_row(model_id: str) -> dict:
             "slots": kronk.settings.parallel, "busy_slots": kronk.settings.parallel - free,
             "queued": max(0, admitted - (kronk.settings.parallel - free)), "places": loaded.places,
             "idle_seconds": None if loaded.in_use else round(time.monotonic() - loaded.last_used, 1),
-            "tools": loaded.template.tool_rendering, "prompt_cache": _cache_row(loaded.prompt_cache),
+            "tools": tool_rendering(loaded.template), "prompt_cache": _cache_row(loaded.prompt_cache),
         })
     return row
 

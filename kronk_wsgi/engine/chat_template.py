@@ -344,13 +344,6 @@ class ChatTemplate:
         control_tokens = list(control_tokens)
         return cls(template_source(configured, from_file, control_tokens), bos, eos, control_tokens)
 
-    @property
-    def tool_rendering(self) -> str:
-        """How tools reach the model: through the template, or written into the messages."""
-        if self.renders_tools:
-            return "the chat template"
-        return "built-in Hermes text (<tool_call>), the template has none"
-
     def render(
         self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None, thinking: Optional[bool] = None,
         continue_final: bool = False, tool_text: Optional[str] = None, variables: Optional[Mapping[str, Any]] = None,

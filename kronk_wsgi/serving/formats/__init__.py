@@ -7,6 +7,7 @@ them (or none that renders tools) gets Hermes, which the built-in tool text teac
 
 from . import deepseek, functionary, gemma4, glm, harmony, hermes, json_lists, kimi, llama3, minimax, mistral, \
     pythonic, xml_attributes, xml_parameters
+from ...engine.chat_template import ChatTemplate
 from .base import Call, CallFormat, CallReader, ToolCallRules, custom_arguments, custom_input
 
 # Most specific first: Qwen3-Coder's template also has Hermes' <tool_call>, Mistral v11's has v3's [TOOL_CALLS].
@@ -47,5 +48,15 @@ def format_of(template_source: str) -> CallFormat:
     return next((f for f in FORMATS if f.recognises(template_source)), HERMES)
 
 
+def tool_rendering(template: ChatTemplate) -> str:
+    """How tools reach a template's model, and the format its calls are read in (for inspect and /admin)."""
+    form = format_of(template.source)
+    if template.renders_tools:
+        return f"the chat template; calls read as {form.name}"
+    if form is HERMES:
+        return "built-in Hermes text (<tool_call>), the template has none; calls read as hermes"
+    return f"written into the system message, the template has none; calls read as {form.name}"
+
+
 __all__ = ["Call", "CallFormat", "CallReader", "FORMATS", "HERMES", "ToolCallRules", "custom_arguments",
-           "custom_input", "format_of"]
+           "custom_input", "format_of", "tool_rendering"]

@@ -336,11 +336,27 @@ def test_a_sliding_window_state_restored_after_an_eviction_serves_the_next_turn(
     turn = prompt + reply[:3] + tokenizer.encode(" (edited) And then?")
     answer, _, reused = greedy(slot, turn, 4)
     counts = cache.take_counts()
-    assert reused == len(prompt) and counts.hits == 1 and counts.restored_tokens == len(prompt)
+    assert reused == len(prompt) - 1 and counts.hits == 1 and counts.restored_tokens == len(prompt) - 1
     plain = llamacpp_engine.LlamaCppEngine("gemma", gemma3, context_length=8192)
     (fresh,) = plain.new_slots(1, 2)
     fresh.prefill(prompt)  # the same calls, so that the numbers are the same to the last bit
     assert answer == greedy(fresh, turn, 4)[0]
+
+
+@needs_llamacpp
+def test_a_sliding_window_prompt_sent_again_after_an_answer_past_its_window_is_restored(gemma3, tmp_path):
+    engine = llamacpp_engine.LlamaCppEngine("gemma", gemma3, context_length=4096)
+    (slot,) = engine.new_slots(1, 2)
+    cache = slot.state_cache = PromptCache(engine.state_identity(), 500 * MB, None, 0)
+    tokenizer = engine.tokenizer
+    prompt = tokenizer.prompt("The history of the lighthouse keepers on the northern coast. " * 100)
+    answer = tokenizer.encode(" A keeper's log, day by day, of lamps, storms and ships." * 100)  # past the window
+    greedy(slot, prompt, 2)
+    slot.prefill(prompt + answer)  # the slot now cannot be cut back to the prompt's end
+    slot.keep_state()
+    cache.take_counts()
+    _, _, reused = greedy(slot, prompt, 2)  # an agent's next session: the same prompt again
+    assert reused == len(prompt) - 1 and cache.take_counts().hits == 1
 
 
 def test_the_memory_estimate_follows_the_sliding_window(gemma3):

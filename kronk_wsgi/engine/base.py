@@ -106,21 +106,23 @@ class Slot(abc.ABC):
         sequence it shares at least a block with (one system prompt and tools
         block before many conversations). A point at the prompt's end is met
         by the save after the answer, except in a ``sliding_window`` cache,
-        where the prompt's end is saved before its first token.
+        which cannot be cut back: there the prompt but its last token is saved
+        before the answer, so that the same prompt sent again (an agent's next
+        session) or continued restores it and evaluates from its last token.
         ``cache_written`` counts the prompt tokens those saves add beyond the
         reused ones.
         """
         self.cache_written = 0
         self._saves = []
         shared = shared_prefix(tokens, self.cached)
-        keep = min(shared, len(tokens) - 1)
+        keep = self.reusable(min(shared, len(tokens) - 1))  # what the slot can serve: a saved state must beat that
         cache = self.state_cache
         if cache is not None:
             keep, branch = self._restore(tokens, keep, _branch(shared, tokens, self.cached))
             # A point at or past the last token would save none of this prompt's work.
             self._saves = sorted(p for p in {branch, *save_at} if max(keep, MIN_TOKENS) <= p < len(tokens))
-            if self.sliding_window and len(tokens) >= MIN_TOKENS:
-                self._saves.append(len(tokens))
+            if self.sliding_window and len(tokens) > MIN_TOKENS:
+                self._saves = sorted({*self._saves, len(tokens) - 1})
         keep = self.reusable(keep)
         del self.cached[keep:]
         if cache is not None and len(tokens) >= MIN_TOKENS and any(p >= len(tokens) for p in save_at):
@@ -147,8 +149,6 @@ class Slot(abc.ABC):
                 end = min(end, saves[0])
             self.decode(tokens[start:end])
             start = end
-        if saves:  # the prompt's end (sliding_window)
-            self.keep_state(waited_for=True)
 
     def _restore(self, tokens: Sequence[int], keep: int, branch: int) -> tuple[int, int]:
         """Before a prompt overwrites what the slot holds, save that (if it is worth it and not saved yet); then

@@ -16,7 +16,7 @@ import requests
 
 from kronk_wsgi.testing import fetch_llama_cpp_templates, models_config, run_server
 
-from .support.scripted import KIND, run_scripted  # noqa: F401 (KIND: the engine the models name)
+from .support.scripted import run_scripted
 
 SCRIPTED = "tests.support.scripted:KIND"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

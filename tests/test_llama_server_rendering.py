@@ -8,7 +8,6 @@ tokens. The prompts must be the same text. A template llama-server cannot load i
 llama-server renders and this server does not, or renders differently, fails, unless it is named below.
 """
 
-import json
 import os
 import subprocess
 import time

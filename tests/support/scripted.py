@@ -12,7 +12,6 @@ to make the model write tool calls, which a random tiny model never does.
 
 import contextlib
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Iterator

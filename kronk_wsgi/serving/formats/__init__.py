@@ -2,8 +2,10 @@
 chat template which one its model was taught.
 
 The first format in ``FORMATS`` whose markers the template has is the model's; a template with none of
-them (or none that renders tools) gets Hermes, which the built-in tool text teaches.
+them gets Hermes, which the built-in tool text teaches.
 """
+
+import functools
 
 from . import deepseek, functionary, gemma4, glm, harmony, hermes, json_lists, kimi, llama3, minimax, mistral, \
     pythonic, xml_attributes, xml_parameters
@@ -43,8 +45,10 @@ FORMATS: tuple[CallFormat, ...] = (
 HERMES = hermes.FORMAT
 
 
+@functools.lru_cache(maxsize=64)
 def format_of(template_source: str) -> CallFormat:
-    """The format a chat template teaches its model; Hermes if it teaches none."""
+    """The format a chat template teaches its model; Hermes if it teaches none (found once per template: each
+    request asks it several times, on the event loop)."""
     return next((f for f in FORMATS if f.recognises(template_source)), HERMES)
 
 

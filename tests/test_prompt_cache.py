@@ -131,6 +131,40 @@ def test_a_prompt_waits_for_an_entry_another_worker_announced(tmp_path):
     assert not list(Path(writer.disk_dir).glob("*.pending"))
 
 
+def test_what_the_event_loop_asks_never_waits_for_a_disk_read(tmp_path):
+    conversation = tokens(34, 3 * BLOCK)
+    PromptCache("model a", 10 * MB, tmp_path, 100 * MB).put(conversation, state(50_000, 3))
+    reader = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)  # another worker: the state is on disk only
+    reading, go_on = threading.Event(), threading.Event()
+    read = reader._read
+
+    def slow_read(key, entry):  # a multi-gigabyte state being read and authenticated
+        reading.set()
+        assert go_on.wait(60)
+        return read(key, entry)
+
+    reader._read = slow_read
+    found = []
+    slot_thread = threading.Thread(target=lambda: found.append(reader.find(conversation + tokens(35, 9))))
+    slot_thread.start()
+    assert reading.wait(60)
+    asked = []  # what the loop asks, from a thread of its own so that a wait shows as a missing answer
+
+    def loop_side():
+        asked.append((reader.take_counts().misses, reader.held()))
+        asked.append(reader.holds(tokens(36, 2 * BLOCK)))
+        asked.append(reader.key_branch("k", conversation))
+
+    loop = threading.Thread(target=loop_side)
+    loop.start()
+    loop.join(30)
+    answered = len(asked)
+    go_on.set()
+    slot_thread.join(60)
+    assert answered == 3, "a call waited for the disk read"
+    assert found[0][0] == len(conversation) and reader.take_counts().hits == 1
+
+
 def test_files_nobody_should_trust_are_skipped_counted_and_told_once(tmp_path):
     writer = PromptCache("model a", 0, tmp_path, 100 * MB)
     victim = tokens(40, 3 * BLOCK)

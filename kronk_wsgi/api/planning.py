@@ -220,7 +220,9 @@ def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[P
     """The prompt lengths at which the request's hints say its prefix is worth saving (``cache_breaks``,
     ``cache_key``). A break whose messages the template cannot render alone is no hint."""
     cache = model.prompt_cache
-    points = [cache.key_branch(request.cache_key, tokens, request.cache_scope)] if request.cache_key is not None else []
+    # In the model's preparation thread: it hashes the prompt, under the cache's lock.
+    points = ([offload.call(model.prep, cache.key_branch, request.cache_key, tokens, request.cache_scope)]
+              if request.cache_key is not None else [])
     if not request.cache_breaks or not isinstance(prompt, RenderedPrompt):
         return tuple(points)
     tools = list(request.tools.tools) if request.tools else None

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import pydantic
 
-from .prompt_cache import MIN_TOKENS, PromptCache
+from .prompt_cache import MIN_TOKENS, PromptCache, shared_prefix
 from .tokenizer import Tokenizer
 
 
@@ -25,16 +25,6 @@ Pick = Callable[[np.ndarray], int]
 
 # The context served when neither the configuration nor the file gives one.
 DEFAULT_CONTEXT_LENGTH = 2048
-
-
-def shared_prefix(tokens: Sequence[int], cached: Sequence[int]) -> int:
-    """How many leading tokens two token lists have in common."""
-    n = 0
-    for a, b in zip(tokens, cached):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def _branch(shared: int, tokens: Sequence[int], held: Sequence[int]) -> int:

@@ -85,6 +85,11 @@ class Settings(BaseModel):
     workers: int = Field(1, ge=1)  # gunicorn worker processes
     queue_depth: int = Field(2, ge=1)  # admission places per slot
     admission_timeout: float = Field(180.0, gt=0)
+    # Requests that may wait in line for a model's admission place; past it a 429 at once. None: no limit.
+    max_waiting: Optional[int] = Field(64, ge=0)
+    # Background responses not finished yet, per API key and in all (each worker); past either a 429.
+    max_key_background: int = Field(16, ge=1)
+    max_background: int = Field(64, ge=1)
     keepalive_interval: float = Field(15.0, gt=0)
     request_timeout: float = Field(3600.0, gt=0)
     drain_timeout: float = Field(120.0, ge=0)  # on shutdown, seconds running streams may go on

@@ -45,6 +45,10 @@ class Metrics:
         )
         self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r,
                                     multiprocess_mode="livesum")
+        self.slots = Gauge("kronk_slots", "Slots of loaded models by state: idle, prefilling, generating, saving "
+                           "(after an answer).", ["model", "state"], registry=r, multiprocess_mode="livesum")
+        self.waiting = Gauge("kronk_requests_waiting", "Requests waiting in line for an admission place or a slot.",
+                             ["model"], registry=r, multiprocess_mode="livesum")
         self.background_responses = Counter("kronk_background_responses", "Background responses by how they ended.",
                                             ["model", "status"], registry=r)
         self.rejected = Counter("kronk_rejected", "Requests refused with 429 after the admission wait.", ["model"], registry=r)

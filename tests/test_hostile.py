@@ -183,7 +183,7 @@ def test_a_view_that_fails_after_admission_gives_its_place_back(tiny_model, monk
     for _ in range(3):  # one place: a leaked lease would make the second a 429
         reply = client.post(CHAT, json={"model": "tiny", "messages": HI, "max_tokens": 1})
         assert reply.status_code == 500 and "Traceback" not in reply.get_data(as_text=True)
-    assert app.extensions["kronk"].pool.loaded_model("tiny").admitted == 0
+    assert app.extensions["kronk"].pool.loaded_model("tiny").scheduler.held_places == 0
 
 
 def test_a_model_file_changed_under_a_loaded_model_is_loaded_again(tiny_model, tmp_path):

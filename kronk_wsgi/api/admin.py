@@ -32,12 +32,13 @@ def _model_row(model_id: str) -> dict:
            "load_error": kronk.pool.load_errors.get(model_id)}
     loaded = kronk.pool.loaded_model(model_id)
     if loaded is not None:
-        admitted = loaded.admitted
-        free = loaded.free_slot_count
+        scheduler = loaded.scheduler
+        states = list(scheduler.states.values())
         row.update({
             "loaded": True, "context_length": loaded.engine.context_length, "memory_mb": round(loaded.memory / 1e6),
-            "slots": kronk.settings.parallel, "busy_slots": kronk.settings.parallel - free,
-            "queued": max(0, admitted - (kronk.settings.parallel - free)), "places": loaded.places,
+            "slots": kronk.settings.parallel, "busy_slots": len(states) - states.count("idle"),
+            "slot_states": states, "queued": scheduler.waiting_for_slot, "waiting": scheduler.waiting,
+            "places": loaded.places,
             "idle_seconds": None if loaded.in_use else round(time.monotonic() - loaded.last_used, 1),
             "tools": tool_rendering(loaded.template), "prompt_cache": _cache_row(loaded.prompt_cache),
         })

@@ -12,7 +12,10 @@ where it left it (``resumed``). A worker that stops waits for its background res
 and stores those it must cut as failed.
 """
 
+import os
+import socket
 import time
+import uuid
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import gevent
@@ -23,7 +26,7 @@ from flask import Response, jsonify
 from ..serving import offload
 from ..serving.drain import ShuttingDown
 from ..serving.events import Event, Failed
-from ..serving.pool import ClientGone, Overloaded
+from ..serving.scheduler import ClientGone, Overloaded, QueueFull
 from ..serving.session import Session
 from .errors import ApiError
 from .response import watched
@@ -35,23 +38,38 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kronk_wsgi.background")
 
 CANCEL_POLL_SECONDS = 1.0
+HEARTBEAT_SECONDS = 1.0  # how often a worker says in the store that its runs are alive (see ORPHAN_SECONDS)
+BACKGROUND_RETRY_SECONDS = 10  # Retry-After of a background response refused for the caps
 EVENTS_SAVE_SECONDS = 0.25  # how often a run stores its new stream events, and a resumed stream looks for them
 UNFINISHED = ("queued", "in_progress")
 _END = object()  # the last item of a live stream's queue
 
 
 class BackgroundRun:
-    """One background response, run by this worker; ``keep`` stores the response object as it goes."""
+    """One background response, run by this worker. Made before its request is planned: it takes its place under
+    the caps at once (a 429 past them), and is ``start``ed or ``forget``-ten."""
 
-    def __init__(self, kronk: KronkState, response_id: str, owner: str, keep: Callable[[dict], None]) -> None:
+    def __init__(self, kronk: KronkState, response_id: str, owner: str) -> None:
+        settings = kronk.settings
+        runs = list(kronk.background.values())
+        if len(runs) >= settings.max_background:
+            raise _refused(f"{len(runs)} background responses are running or queued on this worker")
+        if sum(run.owner == owner for run in runs) >= settings.max_key_background:
+            raise _refused(f"this API key has {settings.max_key_background} background responses running or "
+                           "queued already")
         self.kronk = kronk
         self.response_id = response_id
         self.owner = owner
-        self.keep = keep
+        self.keep: Callable[[dict], None] = lambda response: None
         self.cancelled_here = False  # set by a cancel this worker took
         self._looked = 0.0
         self.listener: Optional[gevent.queue.Queue] = None  # the live stream's frames, while its client reads
         self.greenlet: Optional[gevent.Greenlet] = None
+        kronk.background[response_id] = self
+
+    def forget(self) -> None:
+        """The run will not start (its request failed before the commit): give its place back."""
+        self.kronk.background.pop(self.response_id, None)
 
     def cancelled(self) -> bool:
         """Whether the response was cancelled (or deleted): here at once, from another worker within
@@ -65,14 +83,18 @@ class BackgroundRun:
         return self.cancelled_here
 
     def start(self, admit: Callable[[Callable[[], bool]], Session], encoder: "ResponsesEncoder",
-              stream: bool) -> Response:
-        """Store the response as queued, run it in a greenlet, and answer the POST: the queued response, or the
-        stream of its events."""
+              keep: Callable[[dict], None], stream: bool) -> Response:
+        """Say in the store that this worker runs the response, store it as queued (``keep`` stores the response
+        object as it goes), run it in a greenlet, and answer the POST: the queued response, or the stream of its
+        events."""
+        kronk = self.kronk
+        self.keep = keep
+        offload.call(kronk.store_thread, kronk.responses.run_started, self.response_id, worker_id())
+        _start_heartbeat(kronk)
         base = encoder.base
         self._store(base)
         if stream:
             self.listener = gevent.queue.Queue()
-        self.kronk.background[self.response_id] = self
         self.greenlet = gevent.spawn(self._run, admit, encoder)
         return encoder.protocol.stream(watched(self._listen())) if stream else jsonify(base)
 
@@ -91,8 +113,8 @@ class BackgroundRun:
         try:
             try:
                 session = admit(self.cancelled)
-            except (Overloaded, ShuttingDown) as exc:
-                code = "rate_limit_exceeded" if isinstance(exc, Overloaded) else "server_error"
+            except (Overloaded, QueueFull, ShuttingDown) as exc:
+                code = "server_error" if isinstance(exc, ShuttingDown) else "rate_limit_exceeded"
                 self._store({**base, "status": "failed", "error": {"code": code, "message": str(exc)}})
                 return
             except ClientGone:
@@ -164,7 +186,13 @@ class BackgroundRun:
 
     def _finish(self, status: str, session: Optional[Session], seconds: float) -> None:
         """Log and count how the run ended; forget it."""
-        self.kronk.background.pop(self.response_id, None)
+        kronk = self.kronk
+        kronk.background.pop(self.response_id, None)
+        try:
+            offload.call(kronk.store_thread, kronk.responses.run_ended, self.response_id)
+        except Exception as exc:  # sqlite3's and the file system's errors: its heartbeat stops all the same
+            log.error("background run not ended in the store", response_id=self.response_id,
+                      error=f"{type(exc).__name__}: {exc}")
         if self.listener is not None:
             self.listener.put(_END)
         stats = session.stats if session is not None else None
@@ -174,6 +202,42 @@ class BackgroundRun:
                  outcome=stats.outcome if stats else None, duration=round(seconds, 4),
                  prompt_tokens=stats.prompt_tokens if stats else None,
                  completion_tokens=stats.completion_tokens if stats else None)
+
+
+def _refused(why: str) -> ApiError:
+    return ApiError(429, f"too many background responses: {why}; retry later", code="rate_limit_exceeded",
+                    headers={"Retry-After": str(BACKGROUND_RETRY_SECONDS)})
+
+
+_worker: tuple[int, str] = (0, "")
+
+
+def worker_id() -> str:
+    """This worker process, as the store names it (host, pid and a random part: a pid is reused)."""
+    global _worker
+    if _worker[0] != os.getpid():
+        _worker = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    return _worker[1]
+
+
+def _start_heartbeat(kronk: KronkState) -> None:
+    """Beat for this worker's runs while it has any (and mark failed the runs of workers that stopped)."""
+    if kronk.beating:
+        return
+    kronk.beating = True
+
+    def beat() -> None:
+        try:
+            while kronk.background:
+                try:
+                    offload.call(kronk.store_thread, kronk.responses.beat, worker_id())
+                except Exception as exc:  # sqlite3's and the file system's errors: tried again at the next beat
+                    log.error("background heartbeat not stored", error=f"{type(exc).__name__}: {exc}")
+                gevent.sleep(HEARTBEAT_SECONDS)
+        finally:
+            kronk.beating = False
+
+    gevent.spawn(beat)
 
 
 def resumed(kronk: KronkState, owner: str, response_id: str, after: int, keepalive: float,

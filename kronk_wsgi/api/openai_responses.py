@@ -545,12 +545,18 @@ def responses():
     _open_sealed(body)
     previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
     request = body.generation_request(previous + body.input_messages())
+    response_id = _new_id("resp_")
     if body.background:
-        admit = start_later(request)
+        run = BackgroundRun(state(), response_id, record().owner)
+        try:
+            admit = start_later(request)
+        except BaseException:
+            run.forget()
+            raise
     else:
         session = start_generation(request)
+    record().response_id = response_id
     choice = body.tool_choice
-    response_id = record().response_id = _new_id("resp_")
     store = body.store is not False  # OpenAI's default
     base = {
         "id": response_id, "object": "response", "created_at": int(time.time()),
@@ -575,7 +581,7 @@ def responses():
     seal = state().sealer.seal if "reasoning.encrypted_content" in (body.include or ()) else None
     encoder = ResponsesEncoder(base, keep, seal, body.namespaces(), body.custom_tools())
     if body.background:
-        return BackgroundRun(state(), response_id, record().owner, keep).start(admit, encoder, body.stream)
+        return run.start(admit, encoder, keep, body.stream)
     return respond(session, encoder, body.stream)
 
 

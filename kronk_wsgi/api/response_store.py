@@ -7,7 +7,9 @@ loop, one call at a time, so a read sees every write made before it. Each
 response is its owner's (a digest of the API key that made it): another key
 sees none of it. A response stores only the messages it adds to its
 conversation and the id of the one it continues; a background response also keeps
-its stream's events, for clients that resume it. At most ``keep`` responses, and
+its stream's events, for clients that resume it, and the worker running it, whose
+heartbeat says it still does: a run whose worker stopped beating for
+``ORPHAN_SECONDS`` is marked failed by whichever worker looks next. At most ``keep`` responses, and
 ``max_bytes`` of them and their events, are kept; the oldest go first. The store
 also keeps the fingerprints of Messages requests that ask for cache diagnostics.
 """
@@ -43,6 +45,11 @@ CREATE TABLE IF NOT EXISTS background_events (
     frame TEXT NOT NULL,       -- the event as it went out (an SSE frame)
     PRIMARY KEY (id, sequence)
 );
+CREATE TABLE IF NOT EXISTS background_runs (
+    id TEXT PRIMARY KEY,       -- a background response that has not ended
+    worker TEXT NOT NULL,      -- the worker process running it
+    beat REAL NOT NULL         -- when that worker last said it is alive (time.time())
+);
 CREATE TABLE IF NOT EXISTS background_event_bytes (
     id TEXT PRIMARY KEY,       -- a background response with stored events
     bytes INTEGER NOT NULL     -- what its events hold: the budget counts it without reading every event
@@ -59,6 +66,12 @@ WITH RECURSIVE chain(id, previous, messages, depth) AS (
 )
 SELECT previous, messages FROM chain ORDER BY depth DESC
 """
+
+
+# A background run whose worker has not beaten for this long is taken to be dead with its worker.
+ORPHAN_SECONDS = 5.0
+_ORPHANED = json.dumps({"code": "server_error", "message": "the worker running the response stopped before it "
+                                                           "was done"})
 
 
 def owner_of(api_key: str) -> str:
@@ -119,10 +132,52 @@ class ResponseStore:
                     total -= size + self._forget_events(db, response_id)
 
     def get(self, response_id: str, owner: str) -> Optional[dict]:
-        """The owner's response object; None if there is none."""
-        row = self._connection().execute("SELECT response FROM stored_responses WHERE id = ? AND owner = ?",
-                                         (response_id, owner)).fetchone()
-        return None if row is None else json.loads(row[0])
+        """The owner's response object; None if there is none. A background one whose worker died is marked
+        failed first."""
+        db = self._connection()
+        query = "SELECT response FROM stored_responses WHERE id = ? AND owner = ?"
+        row = db.execute(query, (response_id, owner)).fetchone()
+        if row is None:
+            return None
+        response = json.loads(row[0])
+        if response.get("background") and response.get("status") in ("queued", "in_progress"):
+            alive = db.execute("SELECT 1 FROM background_runs WHERE id = ? AND beat >= ?",
+                               (response_id, time.time() - ORPHAN_SECONDS)).fetchone()
+            if alive is None:
+                with db:
+                    self._fail(db, [response_id])
+                response = json.loads(db.execute(query, (response_id, owner)).fetchone()[0])
+        return response
+
+    def run_started(self, response_id: str, worker: str) -> None:
+        """Say that ``worker`` runs a background response (its heartbeat begins now)."""
+        db = self._connection()
+        with db:
+            db.execute("INSERT OR REPLACE INTO background_runs VALUES (?, ?, ?)", (response_id, worker, time.time()))
+
+    def run_ended(self, response_id: str) -> None:
+        db = self._connection()
+        with db:
+            db.execute("DELETE FROM background_runs WHERE id = ?", (response_id,))
+
+    def beat(self, worker: str) -> None:
+        """``worker`` is alive, with its runs; mark failed the runs of workers that stopped beating."""
+        db = self._connection()
+        now = time.time()
+        with db:
+            db.execute("UPDATE background_runs SET beat = ? WHERE worker = ?", (now, worker))
+            dead = [row[0] for row in db.execute("SELECT id FROM background_runs WHERE beat < ?",
+                                                 (now - ORPHAN_SECONDS,))]
+            self._fail(db, dead)
+
+    @staticmethod
+    def _fail(db: sqlite3.Connection, response_ids: list[str]) -> None:
+        """Mark unfinished background responses failed: their worker is gone."""
+        for response_id in response_ids:
+            db.execute("UPDATE stored_responses SET response = json_set(response, '$.status', 'failed', '$.error', "
+                       "json(?)) WHERE id = ? AND json_extract(response, '$.status') IN ('queued', 'in_progress')",
+                       (_ORPHANED, response_id))
+            db.execute("DELETE FROM background_runs WHERE id = ?", (response_id,))
 
     def conversation(self, response_id: str, owner: str) -> Optional[list[dict]]:
         """The chat messages of the owner's response and of every one it continues; None if one of them is gone."""

@@ -15,7 +15,8 @@ import flask
 from ..serving import offload
 from ..serving.drain import ShuttingDown
 from ..serving.jobs import Job
-from ..serving.pool import ClientGone, LoadedModel, ModelUnavailable, NeverFits, NoRoom, Overloaded
+from ..serving.pool import LoadedModel, ModelUnavailable, NeverFits, NoRoom
+from ..serving.scheduler import ClientGone, Overloaded, QueueFull
 from ..serving.session import Session
 from .client import client_watch
 from .errors import ApiError, invalid, model_not_found
@@ -36,9 +37,10 @@ def use_model(model_id: str) -> Iterator[LoadedModel]:
 def claim_model(model_id: str) -> LoadedModel:
     """The loaded model, claimed: it stays loaded until the caller unclaims it.
 
-    404 if it is not configured; 503 if it cannot load, or cannot be loaded
-    now because the models that would make room for it are in use (with
-    Retry-After); 400 if it is larger than the memory budget. Only a configured
+    404 if it is not configured; 503 if it cannot load, or if the models
+    that must be unloaded to make room for it stay in use for the admission
+    timeout (with Retry-After: it waits for them meanwhile); 400 if it is
+    larger than the memory budget. Only a configured
     id is recorded: logs and metric labels never carry what a client made up.
     """
     if model_id not in state().settings.models:
@@ -46,8 +48,12 @@ def claim_model(model_id: str) -> LoadedModel:
     rec = record()
     rec.model = model_id
     asked = time.monotonic()
+    kronk = state()
     try:
-        model = state().pool.get(model_id)
+        model = kronk.pool.get(model_id, kronk.settings.admission_timeout, client_watch(flask.request.environ))
+    except ClientGone:
+        rec.outcome = "client_gone"
+        raise ApiError(499, "client closed the connection while waiting for the model") from None
     except ModelUnavailable as exc:
         raise ApiError(503, str(exc), code="model_unavailable") from None
     except NoRoom as exc:
@@ -130,7 +136,7 @@ def _start(model_id: str, prepare: Callable[[LoadedModel], Job]) -> Session:
             lease = model.admit(min(settings.admission_timeout, deadline - time.monotonic()), gone, kronk.pool.drain)
         except ShuttingDown:
             raise shutting_down() from None
-        except Overloaded as exc:
+        except (Overloaded, QueueFull) as exc:
             kronk.metrics.rejected.labels(model_id).inc()
             raise ApiError(429, str(exc), code="model_busy", headers={"Retry-After": str(exc.retry_after)}) from None
         except ClientGone:

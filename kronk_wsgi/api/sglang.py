@@ -69,7 +69,7 @@ def get_load():
     kronk = state()
     running = waiting = 0
     for model in kronk.pool.loaded():
-        busy = kronk.settings.parallel - model.free_slot_count
-        running += busy
-        waiting += max(0, model.admitted - busy)
+        states = list(model.scheduler.states.values())
+        running += len(states) - states.count("idle")
+        waiting += model.scheduler.waiting_for_slot + model.scheduler.waiting
     return jsonify([{"dp_rank": 0, "num_reqs": running, "num_waiting_reqs": waiting, "num_tokens": 0}])

@@ -36,6 +36,7 @@ class KronkState:
     # The requests begun and not yet logged as completed: what a dying worker cuts.
     open_requests: "weakref.WeakSet[RequestRecord]" = dataclasses.field(default_factory=weakref.WeakSet)
     background: "dict[str, BackgroundRun]" = dataclasses.field(default_factory=dict)  # running here, by response id
+    beating: bool = False  # a greenlet stores this worker's heartbeat for its background runs
 
 
 @dataclasses.dataclass(eq=False)  # each record is itself: kept in a WeakSet

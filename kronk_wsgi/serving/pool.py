@@ -17,24 +17,21 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import gevent
 import gevent.event
-import gevent.lock
 import structlog
 from gevent.threadpool import ThreadPool
 
 from ..catalog import check_engine_options, load_engine, local_file
 from ..config import ConfigError, ModelSpec, Settings
 from ..describe import footprint
-from ..engine.base import Engine, EngineError, Slot, shared_prefix
+from ..engine.base import Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
 from ..engine.prompt_cache import PromptCache
 from ..metrics import Metrics
 from . import offload
-from .drain import Drain, ShuttingDown
+from .drain import Drain
+from .scheduler import CLIENT_POLL_SECONDS, ClientGone, Scheduler
 
 log = structlog.get_logger("kronk_wsgi.pool")
-
-# How often a waiting request looks at its client's socket.
-CLIENT_POLL_SECONDS = 0.5
 
 # The directories of a path, in an error a client sees: /data/models/x.gguf reads x.gguf.
 WITHOUT_DIRECTORIES = re.compile(r"(?:/[\w.@+-]+)+/")
@@ -42,8 +39,6 @@ WITHOUT_DIRECTORIES = re.compile(r"(?:/[\w.@+-]+)+/")
 # How often idle models are looked at for unloading.
 SWEEP_SECONDS = 1.0
 
-# A slot is a prompt's own when the prompt continues at least this share of the slot's cached tokens.
-SIMILARITY = 0.5
 
 
 class UnknownModel(LookupError):
@@ -60,20 +55,12 @@ class NoRoom(RuntimeError):
     retry_after = 5
 
 
+class _InUse(Exception):
+    """Room cannot be made yet: the models that must go are in use."""
+
+
 class NeverFits(RuntimeError):
     """The model alone is larger than the memory budget."""
-
-
-class Overloaded(RuntimeError):
-    """No admission place came free within the admission timeout."""
-
-    def __init__(self, model_id: str, waited: float) -> None:
-        super().__init__(f"model {model_id!r} is busy: no place came free in {waited:.0f} s; retry later")
-        self.retry_after = max(1, int(waited))
-
-
-class ClientGone(Exception):
-    """The client closed its connection."""
 
 
 class Lease:
@@ -87,7 +74,7 @@ class Lease:
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._model._places.release()
+            self._model.scheduler.release_place()
             self._model.unclaim()
 
 
@@ -111,7 +98,9 @@ class LoadedModel:
     """
 
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
-                 memory: int = 0, path: Optional[Path] = None, stop: Sequence[str] = ()) -> None:
+                 max_waiting: Optional[int], metrics: Metrics, unused: Callable[[], None], memory: int = 0,
+                 path: Optional[Path] = None,
+                 stop: Sequence[str] = ()) -> None:
         self.id = model_id
         self.path = path  # its file, whose size and modification time must stay what they were at the load
         self._stamp = _stamp(path)
@@ -120,6 +109,7 @@ class LoadedModel:
         self.memory = memory  # bytes, estimated: the file and the slots' KV caches
         self.places = places
         self.users = 0  # requests that hold the model: claimed, or holding an admission lease
+        self._unused = unused  # called when the last of them lets go
         self.last_used = time.monotonic()
         self.keep_alive: Optional[float] = None  # seconds it stays loaded unused, as a client asked; < 0: for good
         closing = engine.tokenizer.control.get(template.closing_token() or "")
@@ -134,64 +124,17 @@ class LoadedModel:
         self.slot_threads = ThreadPool(len(slots))
         self.prep = ThreadPool(1)
         self._disk_writer = ThreadPool(1)  # prompt-cache disk writes, after the slot that saved is given back
-        self._free_slots = list(slots)  # the slot given back longest ago first
-        # Slots whose answer is out, still busy with the work after it (saving their state); added by their worker
-        # thread (a set's add needs no lock), removed when given back.
-        self._answered: set[Slot] = set()
-        self._slot_freed = gevent.event.Event()  # set when a slot is given back, then replaced by a new one
-        self._places = gevent.lock.BoundedSemaphore(places)
+        self.scheduler = Scheduler(model_id, slots, places, max_waiting, metrics)
 
     def file_changed(self) -> bool:
         """Whether the model's file was replaced or rewritten since the load: its memory map may read garbage or
         kill the process (SIGBUS) once the file shrinks."""
         return self.path is not None and _stamp(self.path) != self._stamp
 
-    @property
-    def free_slot_count(self) -> int:
-        return len(self._free_slots)
-
-    def take_slot(self, prompt: Sequence[int], scope: str, timeout: float) -> Optional[Slot]:
-        """A free slot, waiting up to ``timeout``; None if none came free.
-
-        The slot whose cache ``prompt`` continues furthest (sharing at least
-        half of what the slot holds: a later turn of its conversation), so only
-        the new tokens are evaluated, in the prompt's cache ``scope`` only (see
-        ``Slot.enter``); if none, the free one unused longest, so
-        other conversations' caches stay for their next turn. A slot whose
-        answer is out but which is still saving its state counts too: the
-        next turn of its conversation, sent as soon as the answer arrived,
-        waits for that slot instead of taking another and evaluating it all.
-        """
-        deadline = time.monotonic() + timeout
-
-        def fit(slot: Slot) -> int:
-            if slot.scope != scope or not slot.cached:
-                return 0
-            shared = shared_prefix(prompt, slot.cached)
-            return shared if shared >= SIMILARITY * len(slot.cached) else 0
-
-        while True:
-            freed = self._slot_freed
-            # Of equals, the first: the free one unused longest, before any that is still finishing.
-            best = max(self._free_slots + list(self._answered), key=fit, default=None)
-            if best is not None and best not in self._answered:
-                self._free_slots.remove(best)
-                return best
-            left = deadline - time.monotonic()
-            if left <= 0 or not freed.wait(left):
-                return None
-
-    def answered(self, slot: Slot) -> None:
-        """Called by the slot's worker thread when the slot's answer is out, before the work after it."""
-        self._answered.add(slot)
-
     def give_back(self, slot: Slot) -> None:
-        """Free the slot; then write to disk the states its work saved in RAM (a next turn waiting for the slot
-        does not wait for that)."""
-        self._answered.discard(slot)
-        self._free_slots.append(slot)
-        freed, self._slot_freed = self._slot_freed, gevent.event.Event()
-        freed.set()
+        """Free the slot for the next request in line; then write to disk the states its work saved in RAM (that
+        request does not wait for it)."""
+        self.scheduler.give_back(slot)
         if self.prompt_cache is not None:
             self._disk_writer.spawn(self.prompt_cache.write_deferred)
 
@@ -201,15 +144,12 @@ class LoadedModel:
     def unclaim(self) -> None:
         self.users -= 1
         self.last_used = time.monotonic()
+        if not self.users:
+            self._unused()
 
     @property
     def in_use(self) -> bool:
         return self.users > 0
-
-    @property
-    def admitted(self) -> int:
-        """Requests holding an admission place: generating, or waiting for a slot."""
-        return self.places - self._places.counter
 
     def report_cache(self, metrics: Metrics) -> None:
         """Add what the prompt cache did since the last report to the metrics (from the event loop: prometheus'
@@ -229,6 +169,7 @@ class LoadedModel:
 
     def close(self) -> None:
         """Stop the model's threads and free its engine."""
+        self.scheduler.close()
         self.slot_threads.kill()
         self.prep.kill()
         self._disk_writer.kill()
@@ -245,18 +186,9 @@ class LoadedModel:
         return offload.call(self.prep, self.engine.tokenizer.decode, tokens)
 
     def admit(self, timeout: float, client_gone: Callable[[], bool], drain: Drain) -> Lease:
-        """Wait up to ``timeout`` seconds for a place; Overloaded, ClientGone or ShuttingDown otherwise."""
-        start = time.monotonic()
-        while True:
-            if drain.started:
-                raise ShuttingDown()
-            remaining = timeout - (time.monotonic() - start)
-            if remaining <= 0:
-                raise Overloaded(self.id, timeout)
-            if self._places.acquire(timeout=min(CLIENT_POLL_SECONDS, remaining)):
-                return Lease(self)
-            if client_gone():
-                raise ClientGone()
+        """Wait in line up to ``timeout`` seconds for a place (see Scheduler.admit)."""
+        self.scheduler.admit(timeout, client_gone, drain)
+        return Lease(self)
 
 
 class ModelPool:
@@ -279,6 +211,7 @@ class ModelPool:
         self.load_errors: dict[str, str] = {}
         self.loaded_once: set[str] = set()
         self._sweeper: Optional[gevent.Greenlet] = None
+        self._model_unused = gevent.event.Event()  # set when a loaded model's last request ends, then replaced
 
     def loaded_model(self, model_id: str) -> Optional[LoadedModel]:
         """The model if it is loaded (not claimed: for looking at it only); None if not."""
@@ -296,12 +229,14 @@ class ModelPool:
         finally:
             model.unclaim()
 
-    def get(self, model_id: str) -> LoadedModel:
+    def get(self, model_id: str, wait: float = 0.0, client_gone: Callable[[], bool] = lambda: False) -> LoadedModel:
         """The loaded model, claimed for the caller (``unclaim()`` it, or hand the claim to a lease).
 
-        Concurrent first requests share one load. NoRoom if it cannot be
-        loaded now for models in use, NeverFits if it is larger than the
-        memory budget, ModelUnavailable if it fails to load.
+        Concurrent first requests share one load. A model that needs others
+        unloaded that are in use waits up to ``wait`` seconds for them to end
+        their requests (NoRoom after that, ClientGone if the client leaves).
+        NeverFits if it is larger than the memory budget, ModelUnavailable if
+        it fails to load.
         """
         if model_id not in self.settings.models:
             raise UnknownModel(model_id)
@@ -326,10 +261,11 @@ class ModelPool:
         started = time.monotonic()
         try:
             memory = offload.call(gevent.get_hub().threadpool, self._footprint, spec)
-            self._make_room(model_id, memory)
+            # A load others wait for goes on when the client that started it leaves.
+            self._wait_for_room(model_id, memory, started + wait, lambda: client_gone() and not self._waiting[model_id])
             self._loading_memory[model_id] = memory
             engine, template, slots, path = offload.call(gevent.get_hub().threadpool, self._load, model_id, spec)
-        except (NoRoom, NeverFits) as exc:
+        except (NoRoom, NeverFits, ClientGone) as exc:
             pending.set_exception(exc)
             raise
         except Exception as exc:  # EngineError, a bad template, or anything else (an OSError writing a copy)
@@ -349,7 +285,7 @@ class ModelPool:
             waiting = self._waiting.pop(model_id)
         # gevent objects belong to the hub's thread: build the model here, not in _load.
         model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
-                            memory, path, spec.stop)
+                            self.settings.max_waiting, self.metrics, self._unused, memory, path, spec.stop)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)
@@ -407,8 +343,27 @@ class ModelPool:
             return 0
         return footprint(path, spec.context_length, self.settings.parallel)
 
-    def _make_room(self, model_id: str, memory: int) -> None:
-        """Unload unused models, least recently used first, until the model fits the budget."""
+    def _wait_for_room(self, model_id: str, memory: int, deadline: float, client_gone: Callable[[], bool]) -> None:
+        """Make room for the model, waiting until ``deadline`` for the models that must go to end their requests
+        (woken as each of them ends its last)."""
+        while True:
+            freed = self._model_unused
+            try:
+                return self._make_room(model_id, memory, refused=time.monotonic() >= deadline)
+            except _InUse:
+                pass
+            freed.wait(min(CLIENT_POLL_SECONDS, max(deadline - time.monotonic(), 0)))
+            if client_gone():
+                raise ClientGone()
+
+    def _unused(self) -> None:
+        """A loaded model's last request ended: wake the loads waiting for room."""
+        freed, self._model_unused = self._model_unused, gevent.event.Event()
+        freed.set()
+
+    def _make_room(self, model_id: str, memory: int, refused: bool = True) -> None:
+        """Unload unused models, least recently used first, until the model fits the budget; if the models that
+        must go are in use, NoRoom, or _InUse unless ``refused``."""
         budget = self.settings.max_memory_mb
         if budget is not None and memory > budget * 1e6:
             self.metrics.model_events.labels(model_id, "refused_never_fits").inc()
@@ -417,7 +372,7 @@ class ModelPool:
                             f"more than max_memory_mb ({budget})")
 
         def over() -> bool:
-            count = len(self._loaded) + len(self._loading)  # the loading ones include this model
+            count = len(self._loaded) + len(self._loading_memory) + 1  # with the loads that made room already
             used = sum(m.memory for m in self._loaded.values()) + sum(self._loading_memory.values()) + memory
             return ((self.settings.max_loaded_models is not None and count > self.settings.max_loaded_models)
                     or (budget is not None and used > budget * 1e6))
@@ -425,6 +380,8 @@ class ModelPool:
         while over():
             idle = [m for m in self._loaded.values() if not m.in_use]
             if not idle:
+                if not refused:
+                    raise _InUse()
                 self.metrics.model_events.labels(model_id, "refused_no_room").inc()
                 busy = ", ".join(sorted(self._loaded))
                 log.warning("model refused", model=model_id, reason="no_room", in_use=busy)

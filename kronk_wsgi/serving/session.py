@@ -22,7 +22,8 @@ from .events import (
     ToolCall, coalesce,
 )
 from .jobs import Job
-from .pool import CLIENT_POLL_SECONDS, Lease, LoadedModel
+from .pool import Lease, LoadedModel
+from .scheduler import CLIENT_POLL_SECONDS
 
 log = structlog.get_logger("kronk_wsgi.session")
 
@@ -57,7 +58,6 @@ def _drive(job: Job, slot: Slot, model: LoadedModel, cancel: _Cancel, channel: T
     try:
         for event in job.run(slot, model.engine.context_length, cancel):
             if isinstance(event, Finished):  # before the client can send its next turn
-                model.answered(slot)
                 slot.announce_state()
             channel.put((time.monotonic(), event))
     except Cancelled:
@@ -132,7 +132,7 @@ class Session:
             worker = self.model.slot_threads.spawn(_drive, self.job, slot, self.model, cancel, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
             worker.rawlink(lambda _: self._worker_done(slot, channel))
-            yield from self._relay(channel, cancel)
+            yield from self._relay(slot, channel, cancel)
         finally:
             cancel.set = True
             self._gaps.flush()
@@ -156,28 +156,40 @@ class Session:
         self.lease.release()
 
     def _wait_for_slot(self) -> Iterator[Event]:
-        """Wait for a free slot, keeping the stream alive; None if the wait ended."""
+        """Wait in the model's slot line, keeping the stream alive; the slot, or None if the wait ended."""
+        scheduler = self.model.scheduler
+        ticket = scheduler.wait_for_slot(self.job.prefix, self.job.scope)
         quiet_since = time.monotonic()
-        while True:
-            now = time.monotonic()
-            cut = self._cut(now)
-            if cut is not None:
-                yield cut
-                return None
-            if self.client_gone():
-                self.stats.outcome = "client_gone"
-                return None
-            if now - quiet_since >= self.keepalive:
-                yield KEEPALIVE
-                quiet_since = now
-            wait = min(CLIENT_POLL_SECONDS, self.deadline - now, self.keepalive - (now - quiet_since))
-            slot = self.model.take_slot(self.job.prefix, self.job.scope, max(wait, 0))
-            if slot is not None:
-                return slot
+        taken = False
+        try:
+            while True:
+                now = time.monotonic()
+                wait = min(CLIENT_POLL_SECONDS, self.deadline - now, self.keepalive - (now - quiet_since))
+                if self.drain.deadline is not None:
+                    wait = min(wait, self.drain.deadline - now)
+                if ticket.granted.wait(max(wait, 0)):
+                    taken = True
+                    return ticket.slot
+                now = time.monotonic()
+                cut = self._cut(now)
+                if cut is not None:
+                    yield cut
+                    return None
+                if self.client_gone():
+                    self.stats.outcome = "client_gone"
+                    return None
+                if now - quiet_since >= self.keepalive:
+                    yield KEEPALIVE
+                    quiet_since = now
+        finally:
+            if not taken:  # a slot handed over as the wait ended goes back to the line
+                scheduler.leave(ticket)
 
-    def _relay(self, channel: ThreadChannel, cancel: _Cancel) -> Iterator[Event]:
-        """Pass the worker's events on, with keep-alives, deadline and disconnect checks."""
+    def _relay(self, slot: Slot, channel: ThreadChannel, cancel: _Cancel) -> Iterator[Event]:
+        """Pass the worker's events on, with keep-alives, deadline and disconnect checks; the slot's state follows
+        them (its answer out, it is saving: set before the client can send its next turn)."""
         labels = self.model.id
+        scheduler = self.model.scheduler
         quiet_since = checked = time.monotonic()
         last_token: Optional[float] = None
         while True:
@@ -189,10 +201,12 @@ class Session:
             batch: list[Event] = []
             for produced, item in items:
                 if not isinstance(item, OUTPUT):
+                    scheduler.set_state(slot, "saving")
                     yield from coalesce(batch)
                     yield self._finish(item)
                     return
                 if self.stats.time_to_first_token is None and not isinstance(item, PromptCached):
+                    scheduler.set_state(slot, "generating")
                     self.stats.time_to_first_token = produced - self.started
                     self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
                 if isinstance(item, (TextDelta, ReasoningDelta)):

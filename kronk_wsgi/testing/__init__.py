@@ -166,7 +166,7 @@ class Server:
         self.port = int(port)
 
     def post(self, path: str, body: dict, **kwargs) -> requests.Response:
-        return requests.post(self.url + path, json=body, timeout=60, **kwargs)
+        return requests.post(self.url + path, json=body, **{"timeout": 60, **kwargs})
 
     def logs(self) -> str:
         return self.log.read_text()

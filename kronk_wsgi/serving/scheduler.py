@@ -1,0 +1,207 @@
+"""A loaded model's one queue: its admission places and its slots, given out first come, first served.
+
+A request is admitted at once when a place is free and nobody waits before
+it; else it joins the line and sleeps on its ticket until a place given back
+is handed to it (the oldest waiter first), or its wait ends: the admission
+timeout (Overloaded), its client leaving (ClientGone), or the server's drain
+(ShuttingDown). A line already ``max_waiting`` long refuses at once (QueueFull).
+
+Admitted requests wait in a second line for a slot. Whenever a slot is given
+back or a request joins, the line is served in order: each request gets the
+free slot whose cache its prompt continues furthest in its scope, else the
+free one unused longest. A request whose conversation's slot is still saving
+after its answer waits for that slot (its prompt is mostly there), and those
+behind it may take the others. Nobody polls for a place or a slot: whoever
+frees one hands it over and wakes its new holder.
+"""
+
+import collections
+import time
+from typing import Callable, Optional, Sequence
+
+import gevent.event
+
+from ..engine.base import Slot, shared_prefix
+from ..metrics import Metrics
+from .drain import Drain, ShuttingDown
+
+# How often a waiter looks at its client's socket (the only thing a waiter looks at on a timer).
+CLIENT_POLL_SECONDS = 0.5
+
+# A slot is a prompt's own when the prompt continues at least this share of the slot's cached tokens.
+SIMILARITY = 0.5
+
+SLOT_STATES = ("idle", "prefilling", "generating", "saving")
+
+
+class Overloaded(RuntimeError):
+    """No admission place came free within the admission timeout."""
+
+    def __init__(self, model_id: str, waited: float) -> None:
+        super().__init__(f"model {model_id!r} is busy: no place came free in {waited:.0f} s; retry later")
+        self.retry_after = max(1, int(waited))
+
+
+class QueueFull(RuntimeError):
+    """The model's line of waiting requests is full: refused without waiting."""
+
+    def __init__(self, model_id: str, waiting: int) -> None:
+        super().__init__(f"model {model_id!r} is busy: {waiting} requests wait for it already; retry later")
+        self.retry_after = 5
+
+
+class ClientGone(Exception):
+    """The client closed its connection."""
+
+
+class _Ticket:
+    """One waiter's place in a line; ``granted`` is set by whoever hands it what it waits for."""
+
+    def __init__(self, prefix: Sequence[int] = (), scope: str = "") -> None:
+        self.prefix = prefix
+        self.scope = scope
+        self.granted = gevent.event.Event()
+        self.slot: Optional[Slot] = None
+
+
+class Scheduler:
+    """The places and slots of one model, and the two lines of requests waiting for them."""
+
+    def __init__(self, model_id: str, slots: Sequence[Slot], places: int, max_waiting: Optional[int],
+                 metrics: Metrics) -> None:
+        self.model_id = model_id
+        self.metrics = metrics
+        self.places = places
+        self.max_waiting = max_waiting
+        self.held_places = 0
+        self.slot_count = len(slots)
+        self.states: dict[Slot, str] = {slot: "idle" for slot in slots}
+        self._free = list(slots)  # the slot given back longest ago first
+        self._place_line: collections.deque[_Ticket] = collections.deque()
+        self._slot_line: list[_Ticket] = []
+        self._report()
+
+    # -- admission ------------------------------------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a place."""
+        return len(self._place_line)
+
+    @property
+    def waiting_for_slot(self) -> int:
+        return len(self._slot_line)
+
+    def admit(self, timeout: float, client_gone: Callable[[], bool], drain: Drain) -> None:
+        """Take a place, waiting in line up to ``timeout`` seconds; Overloaded, QueueFull, ClientGone or
+        ShuttingDown if none is had. Give it back with ``release_place``."""
+        if drain.started:
+            raise ShuttingDown()
+        if self.held_places < self.places and not self._place_line:
+            self.held_places += 1
+            return
+        if self.max_waiting is not None and len(self._place_line) >= self.max_waiting:
+            raise QueueFull(self.model_id, len(self._place_line))
+        ticket = _Ticket()
+        self._place_line.append(ticket)
+        self._report()
+        deadline = time.monotonic() + timeout
+        try:
+            while not ticket.granted.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Overloaded(self.model_id, timeout)
+                if ticket.granted.wait(min(CLIENT_POLL_SECONDS, left)):
+                    break
+                if drain.started:
+                    raise ShuttingDown()
+                if client_gone():
+                    raise ClientGone()
+        except BaseException:
+            if ticket.granted.is_set():  # handed a place as the wait ended: pass it on
+                self.release_place()
+            else:
+                self._place_line.remove(ticket)
+                self._report()
+            raise
+
+    def release_place(self) -> None:
+        """Give a place back: to the oldest waiter, if any."""
+        if self._place_line:
+            self._place_line.popleft().granted.set()
+            self._report()
+        else:
+            self.held_places -= 1
+
+    # -- slots ------------------------------------------------------------------------------------------------------
+
+    def wait_for_slot(self, prefix: Sequence[int], scope: str) -> _Ticket:
+        """Join the slot line; the ticket's ``granted`` is set once it holds a slot (``ticket.slot``). Leave the line
+        with ``leave`` if the wait ends first."""
+        ticket = _Ticket(prefix, scope)
+        self._slot_line.append(ticket)
+        self._serve()
+        self._report()
+        return ticket
+
+    def leave(self, ticket: _Ticket) -> None:
+        """Stop waiting for a slot; a slot handed to the ticket meanwhile is given back."""
+        if ticket in self._slot_line:
+            self._slot_line.remove(ticket)
+            self._report()
+        elif ticket.slot is not None:
+            self.give_back(ticket.slot)
+            ticket.slot = None
+
+    def set_state(self, slot: Slot, state: str) -> None:
+        """A held slot's work moved on: ``prefilling`` when it is handed out, then ``generating``, then ``saving``
+        (after its answer). A slot given back already (its thread ended before the loop relayed its last event), or
+        of a model closed, stays as it is."""
+        if slot not in self._free and self.states.get(slot, state) != state:
+            self.states[slot] = state
+            self._report()
+
+    def give_back(self, slot: Slot) -> None:
+        """The slot is idle again: the line is served."""
+        self.states[slot] = "idle"
+        self._free.append(slot)
+        self._serve()
+        self._report()
+
+    def close(self) -> None:
+        """The model is unloaded: its gauges go to zero."""
+        self.states.clear()
+        self._place_line.clear()
+        self._slot_line.clear()
+        self._report()
+
+    def _report(self) -> None:
+        states = list(self.states.values())
+        for state in SLOT_STATES:
+            self.metrics.slots.labels(self.model_id, state).set(states.count(state))
+        self.metrics.waiting.labels(self.model_id).set(len(self._place_line) + len(self._slot_line))
+
+    def _serve(self) -> None:
+        """Hand out free slots to the line, in order."""
+        for ticket in list(self._slot_line):
+            if not self._free:
+                return
+            saving = [slot for slot, state in self.states.items() if state == "saving"]
+            best = max(self._free + saving, key=lambda slot: _fit(ticket, slot))  # of equals, the first
+            if best in saving:
+                continue  # its conversation's slot is still saving after its answer: it waits for that one
+            self._free.remove(best)
+            self.states[best] = "prefilling"
+            self._slot_line.remove(ticket)
+            ticket.slot = best
+            ticket.granted.set()
+
+
+def _fit(ticket: _Ticket, slot: Slot) -> int:
+    """How many of the slot's cached tokens the ticket's prompt reuses: 0 unless it continues at least
+    SIMILARITY of them (a later turn of the slot's conversation), in its own scope."""
+    if slot.scope != ticket.scope or not slot.cached:
+        return 0
+    shared = shared_prefix(ticket.prefix, slot.cached)
+    return shared if shared >= SIMILARITY * len(slot.cached) else 0
+

@@ -11,7 +11,7 @@ from gevent.threadpool import ThreadPool
 from werkzeug.exceptions import HTTPException
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from .api import hooks, ollama
+from .api import hooks
 from .api.errors import ApiError
 from .api.protocols import PROTOCOLS
 from .api.response_store import ResponseStore
@@ -40,8 +40,9 @@ class Kronk:
             self.init_app(app, url_prefix, serve_root)
 
     def init_app(self, app: Flask, url_prefix: str = "", serve_root: Optional[bool] = None) -> None:
-        """``serve_root``: answer Ollama's probe at the prefix's root (``GET /``: "Ollama is running"); by
-        default only below a url_prefix, so a host app's own ``/`` stays its own."""
+        """``serve_root``: answer ``GET /`` at the prefix's root as the protocol that has a root route says
+        (Ollama's probe: "Ollama is running"); by default only below a url_prefix, so a host app's own ``/``
+        stays its own."""
         if "kronk" in app.extensions:
             raise RuntimeError("kronk_wsgi is already initialized on this app; call init_app once per app")
         for name in FIELDS:
@@ -62,9 +63,9 @@ class Kronk:
         api = Blueprint("kronk", __name__)
         for protocol in PROTOCOLS.all:
             api.register_blueprint(protocol.blueprint)
-        if serve_root if serve_root is not None else bool(prefix):
-            api.add_url_rule("/", "ollama_running", ollama.running, methods=["GET", "HEAD"])
-        hooks.install(api)
+        if PROTOCOLS.root is not None and (serve_root if serve_root is not None else bool(prefix)):
+            api.add_url_rule("/", "root", PROTOCOLS.root, methods=["GET", "HEAD"])
+        hooks.install(api, PROTOCOLS)
         origins = settings.cors_origins if "*" in settings.cors_origins else [*settings.cors_origins, *hooks.LOCAL_ORIGINS]
         CORS(api, origins=origins, expose_headers=["X-Request-ID", "request-id"], max_age=600)
         app.register_blueprint(api, url_prefix=prefix or None)

@@ -70,10 +70,26 @@ class ModelSpec(BaseModel):
         return self
 
 
-class Settings(BaseModel):
-    """The validated settings of one app."""
+def _models_from_text(value: Any) -> Any:
+    """Models from the environment: JSON, or ``id=path[,id=path...]``; any other value as it is."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("{"):
+        return json.loads(value)
+    models = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        model_id, sep, path = item.partition("=")
+        if not sep or not model_id or not path:
+            raise ValueError(f"expected id=path, got {item!r}")
+        models[model_id.strip()] = {"path": path.strip()}
+    return models
 
-    model_config = ConfigDict(extra="forbid")
+
+class Settings(BaseModel):
+    """The validated settings of one app, read and never written once made (models pulled at run time are the
+    model registry's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     models: dict[str, ModelSpec] = Field(default_factory=lambda: {DEMO_MODEL_ID: ModelSpec(demo="tiny")})
     default_model: Optional[str] = None  # default: the only model, or the demo model
@@ -126,18 +142,17 @@ class Settings(BaseModel):
     @pydantic.field_validator("models", mode="before")
     @classmethod
     def _parse_models(cls, value: Any) -> Any:
-        """From the environment: JSON, or ``id=path[,id=path...]``."""
-        if not isinstance(value, str):
-            return value
-        if value.lstrip().startswith("{"):
-            return json.loads(value)
-        models = {}
-        for item in filter(None, (part.strip() for part in value.split(","))):
-            model_id, sep, path = item.partition("=")
-            if not sep or not model_id or not path:
-                raise ValueError(f"expected id=path, got {item!r}")
-            models[model_id.strip()] = {"path": path.strip()}
-        return models
+        return _models_from_text(value)
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _default_to_the_only_model(cls, data: Any) -> Any:
+        """default_model, when not given and there is one model: that one."""
+        if isinstance(data, dict) and data.get("default_model") is None:
+            models = _models_from_text(data.get("models", {DEMO_MODEL_ID: None}))
+            if isinstance(models, dict) and len(models) == 1:
+                return {**data, "default_model": next(iter(models))}
+        return data
 
     @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", "allowed_hosts", mode="before")
     @classmethod
@@ -170,9 +185,7 @@ class Settings(BaseModel):
         if not self.models:
             raise ValueError("models: at least one model is needed")
         if self.default_model is None:
-            if len(self.models) > 1:
-                raise ValueError(f"default_model: name one of the models {sorted(self.models)}")
-            self.default_model = next(iter(self.models))
+            raise ValueError(f"default_model: name one of the models {sorted(self.models)}")
         if self.default_model not in self.models:
             raise ValueError(f"default_model {self.default_model!r} is not one of the models {sorted(self.models)}")
         return self

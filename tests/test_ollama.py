@@ -357,14 +357,6 @@ def test_fill_in_the_middle_markers():
     assert fill_in_middle({"<fim_prefix>", "<fim_suffix>"}, "x", "y") is None
 
 
-@pytest.mark.parametrize("filename, tag", [
-    ("tiny.Q8_0.gguf", "Q8_0"), ("SmolLM2-135M-Instruct-Q4_K_M.gguf", "Q4_K_M"), ("m-IQ2_XXS.gguf", "IQ2_XXS"),
-    ("sub/m-Q5_K_S-00001-of-00002.gguf", "Q5_K_S"), ("plain.gguf", "plain.gguf"),
-])
-def test_a_pulled_files_tag_is_its_quantization(filename, tag):
-    assert ollama_api._tag(filename) == tag
-
-
 NODE_MODULES = os.environ.get("KRONK_TEST_NODE_MODULES", "")
 JS_CLIENT = """
 const { Ollama } = require('ollama');

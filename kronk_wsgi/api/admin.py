@@ -22,12 +22,12 @@ from .sse import sse
 from .state import state
 
 bp = Blueprint("admin", __name__)
-PROTOCOL = Protocol("admin", bp, prefixes=("/admin/",))
+PROTOCOL = Protocol("admin", bp, prefixes=("/admin/",), admin_paths=("/admin/",), unknown_below=("/admin/",))
 
 
 def _model_row(model_id: str) -> dict:
     kronk = state()
-    spec = kronk.settings.models[model_id]
+    spec = kronk.models.get(model_id)
     row = {"id": model_id, "source": spec.describe(), "loaded": False, "default": model_id == kronk.settings.default_model,
            "load_error": kronk.pool.load_errors.get(model_id)}
     loaded = kronk.pool.loaded_model(model_id)
@@ -61,14 +61,14 @@ def models():
     settings = state().settings
     budget = {"max_loaded_models": settings.max_loaded_models, "max_memory_mb": settings.max_memory_mb,
               "idle_unload_seconds": settings.idle_unload_seconds}
-    return jsonify({"object": "list", "data": [_model_row(m) for m in settings.models], "budget": budget})
+    return jsonify({"object": "list", "data": [_model_row(m) for m in state().models.ids()], "budget": budget})
 
 
 @bp.post("/admin/models/<path:model_id>/unload")
 def unload(model_id: str):
     """Unload a model that no request is using."""
     kronk = state()
-    if model_id not in kronk.settings.models:
+    if model_id not in kronk.models:
         raise ApiError(404, f"the model {model_id[:100]!r} does not exist", code="model_not_found", param="model")
     if kronk.pool.loaded_model(model_id) is None:
         raise ApiError(409, f"model {model_id!r} is not loaded", code="not_loaded")

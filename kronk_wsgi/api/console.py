@@ -6,7 +6,7 @@ from flask import Blueprint, redirect, request, send_from_directory
 from .protocol import Protocol
 
 bp = Blueprint("console", __name__)
-PROTOCOL = Protocol("console", bp, prefixes=("/console",))
+PROTOCOL = Protocol("console", bp, prefixes=("/console",), needs_key=False)  # it asks for a key itself
 
 PAGES = Path(__file__).resolve().parent.parent / "console"
 

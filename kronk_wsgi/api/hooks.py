@@ -18,15 +18,11 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, defau
 
 from ..config import host_name
 from .errors import ApiError
+from .protocol import Protocols
 from .response_store import owner_of
 from .state import KronkState, RequestRecord, api_path, state
 
 log = structlog.get_logger("kronk_wsgi.http")
-
-OPEN_PATHS = ("/v1/liveness", "/v1/readiness", "/metrics", "/health", "/")  # probes need no key
-# What changes the models on disk, as the admin API does: behind the admin keys.
-ADMIN_PATHS = ("/admin/", "/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/push", "/api/blobs/")
-CONSOLE_PATH = "/console"  # static pages: the console asks for a key itself
 
 
 def _check_host() -> None:
@@ -34,7 +30,7 @@ def _check_host() -> None:
     resolves to this machine (DNS rebinding) sends its own. Probes are answered whatever their Host (a
     balancer's or an orchestrator's name the instance by its address)."""
     allowed = state().settings.allowed_hosts
-    if not allowed or "*" in allowed or api_path() in OPEN_PATHS:
+    if not allowed or "*" in allowed or api_path() in state().protocols.open_paths:
         return
     host = request.host.lower()
     if host_name(host) not in allowed:
@@ -76,12 +72,13 @@ def _check_coding() -> None:
 
 
 def _check_auth() -> None:
-    settings = state().settings
+    kronk = state()
+    settings, protocols = kronk.settings, kronk.protocols
     path = api_path()
     # A browser's CORS preflight never carries a key: it asks whether the real request may be sent.
-    if path in OPEN_PATHS or path.startswith(CONSOLE_PATH) or request.method == "OPTIONS":
+    if path in protocols.open_paths or not protocols.for_path(path).needs_key or request.method == "OPTIONS":
         return
-    if path.startswith(ADMIN_PATHS):
+    if path.startswith(protocols.admin_paths):
         if not settings.admin_keys and settings.api_keys:
             raise ApiError(403, "the admin API is closed: this server has API keys but no admin keys (admin_keys)",
                            code="admin_closed")
@@ -216,7 +213,8 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 def _unknown_route(rest: str):
-    """Any other path under /v1, /admin or /api: 405 if a route takes it with another method, else 404, in the API's error shape."""
+    """Any other path below a protocol's ``unknown_below``: 405 if a route takes it with another method, else 404,
+    in the protocol's error shape."""
     adapter = current_app.url_map.bind_to_environ(request.environ)
     allowed = []
     for method in _METHODS:
@@ -231,8 +229,8 @@ def _unknown_route(rest: str):
     raise NotFound()
 
 
-def install(bp: Blueprint) -> None:
-    """Wire the onion into kronk_wsgi's blueprint: its requests, its errors, its unknown API paths."""
+def install(bp: Blueprint, protocols: Protocols) -> None:
+    """Wire the onion into kronk_wsgi's blueprint: its requests, its errors, the protocols' unknown paths."""
     bp.before_request(_start)
     bp.after_request(_finish)
     bp.teardown_request(_close_session)
@@ -243,6 +241,6 @@ def install(bp: Blueprint) -> None:
         bp.register_error_handler(code, _http_error)
     bp.register_error_handler(HTTPException, _http_error)
     bp.register_error_handler(Exception, _unexpected)
-    bp.add_url_rule("/v1/<path:rest>", "unknown_route", _unknown_route, methods=_METHODS)
-    bp.add_url_rule("/admin/<path:rest>", "unknown_admin_route", _unknown_route, methods=_METHODS)
-    bp.add_url_rule("/api/<path:rest>", "unknown_ollama_route", _unknown_route, methods=_METHODS)
+    for below in dict.fromkeys(protocols.unknown_below):
+        bp.add_url_rule(f"{below}<path:rest>", f"unknown_route{below.replace('/', '_')}", _unknown_route,
+                        methods=_METHODS)

@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, Optional, Union
+from typing import Annotated, Any, Iterator, Literal, Mapping, Optional, Union
 
 import gevent
 import pydantic
@@ -27,6 +27,7 @@ from ..describe import ModelFacts, model_facts
 from ..engine.chat_template import fill_in_middle
 from ..engine.gguf_file import BadModelFile
 from ..engine.sampling import SamplingParams
+from ..model_registry import ModelRegistry, canonical_name, hub_source, tag_of
 from ..serving import offload
 from ..serving.events import ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall
 from ..serving.reasoning import reasons
@@ -48,12 +49,8 @@ KEEPALIVE = '{"message":{"role":"assistant","content":""},"response":"","done":f
 NDJSON = Framing("application/x-ndjson", KEEPALIVE)
 
 bp = Blueprint("ollama", __name__)
-PROTOCOL = Protocol("ollama", bp, prefixes=("/api/",), error_body=lambda error: {"error": error.message},
-                    framing=NDJSON)
 
 VERSION = "0.13.0"  # the Ollama release whose API this module answers
-HUB_NAME = re.compile(r"(?:hf\.co|huggingface\.co)/([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([\w.-]+))?\Z")
-QUANT = re.compile(r"(?<![A-Za-z0-9])(I?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32)(?=\.gguf$|[.-])", re.IGNORECASE)
 NEVER = "2318-01-01T00:00:00Z"  # expires_at of a model kept loaded for good (Ollama's far future)
 ALIASES = "ollama-aliases.json"  # /api/copy's names, in the cache directory: every worker and restart sees them
 
@@ -61,6 +58,14 @@ ALIASES = "ollama-aliases.json"  # /api/copy's names, in the cache directory: ev
 def running() -> Response:
     """GET / : the probe Ollama's clients make before anything else."""
     return Response("Ollama is running", mimetype="text/plain")
+
+
+PROTOCOL = Protocol(
+    "ollama", bp, prefixes=("/api/",), error_body=lambda error: {"error": error.message}, framing=NDJSON,
+    open_paths=("/",), unknown_below=("/api/",), root=running,
+    # What changes the models on disk, as the admin API does: behind the admin keys.
+    admin_paths=("/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/push", "/api/blobs/"),
+)
 
 
 # -- bodies -------------------------------------------------------------------------------------------------
@@ -269,16 +274,7 @@ def _write_aliases(aliases: dict[str, str]) -> None:
     partial.replace(path)
 
 
-def _hub_source(name: str) -> Optional[tuple[str, Optional[str]]]:
-    """(repository, quantization or None) of an ``hf.co/{owner}/{repo}:{quant}`` name."""
-    match = HUB_NAME.match(name)
-    if match is None:
-        return None
-    repo_id, tag = match.groups()
-    return repo_id, None if tag in (None, "latest") else tag
-
-
-def _configured(models: dict[str, ModelSpec], name: str) -> Optional[str]:
+def _configured(models: Mapping[str, ModelSpec], name: str) -> Optional[str]:
     """Runs in a worker thread: the model a name answers for as Ollama resolves names (case-insensitive, no tag
     meaning ``latest``), and a hub name the file of a model answers for; None if none."""
     base, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
@@ -286,53 +282,33 @@ def _configured(models: dict[str, ModelSpec], name: str) -> Optional[str]:
         id_base, _, id_tag = model_id.rpartition(":") if ":" in model_id.rsplit("/", 1)[-1] else (model_id, "", "latest")
         if id_base.lower() == base.lower() and id_tag.lower() == tag.lower():
             return model_id
-    source = _hub_source(name)
+    source = hub_source(name)
     if source is None:
         return None
     repo_id, quant = source
     for model_id, spec in models.items():
         if spec.repo_id == repo_id and (quant is None or quant.lower() in (
-                (spec.quant or "").lower(), (spec.filename or "").lower(), _tag(spec.filename or "").lower())):
+                (spec.quant or "").lower(), (spec.filename or "").lower(), tag_of(spec.filename or "").lower())):
             return model_id
     return None
 
 
-def _find(models: dict[str, ModelSpec], name: str) -> Optional[str]:
-    """Runs in a worker thread: the model id a name answers for, a model first, then a name /api/copy made, then a
-    GGUF file in the hub's cache, served under its one canonical name (``hf.co/{repo}:{quantization}``), never
-    under a variant of it; the file of a model is that model. None if none."""
-    found = _configured(models, name)
+def _find(registry: ModelRegistry, name: str) -> Optional[str]:
+    """Runs in a worker thread: the model id a name answers for, a configured model first (as Ollama resolves
+    names), then a name /api/copy made, then a GGUF file in the hub's cache (see ModelRegistry.find). None if
+    none."""
+    found = _configured(registry.configured, name)
     if found is not None:
         return found
     alias = _aliases().get(name)
     if alias is not None:
-        return _configured(models, alias) or (_adopted(models, alias) if alias != name else None)
-    return _adopted(models, name)
-
-
-def _adopted(models: dict[str, ModelSpec], name: str) -> Optional[str]:
-    source = _hub_source(name)
-    if source is None:
-        return None
-    repo_id, quant = source
-    for cached in hub.cached_files():
-        tag = _tag(cached.filename)
-        if cached.repo_id != repo_id or (quant is not None and quant.lower() not in (tag.lower(), cached.filename.lower())):
-            continue
-        path = cached.path.resolve()
-        for model_id, spec in models.items():  # the file of a model: that model, under its own name
-            served = local_file(spec)
-            if served is not None and served.resolve() == path:
-                return model_id
-        canonical = f"hf.co/{repo_id}:{tag}"
-        models.setdefault(canonical, ModelSpec(repo_id=repo_id, filename=cached.filename))  # served as it is
-        return canonical
-    return None
+        return _configured(registry.configured, alias) or (registry.find(alias) if alias != name else None)
+    return registry.find(name)
 
 
 def model_id_of(name: str) -> str:
     """The configured (or pulled) model a name answers for; 404 in Ollama's words if none."""
-    found = offload.call(gevent.get_hub().threadpool, _find, state().settings.models, name)
+    found = offload.call(gevent.get_hub().threadpool, _find, state().models, name)
     if found is None:
         shown = name if len(name) <= 100 else name[:100] + "..."
         raise ApiError(404, f"model {shown!r} not found, try pulling it first", code="model_not_found", param="model")
@@ -351,7 +327,7 @@ def _facts(spec: ModelSpec) -> Optional[tuple[Path, ModelFacts]]:
 
 
 def facts_of(model_id: str) -> Optional[tuple[Path, ModelFacts]]:
-    return offload.call(gevent.get_hub().threadpool, _facts, state().settings.models[model_id])
+    return offload.call(gevent.get_hub().threadpool, _facts, state().models.get(model_id))
 
 
 def _size_label(parameters: int) -> str:
@@ -401,14 +377,8 @@ def _listing(models: dict[str, ModelSpec]) -> list[dict]:
             facts = model_facts(cached.path)
         except (OSError, BadModelFile):
             continue
-        rows.append(_tag_row(f"hf.co/{cached.repo_id}:{_tag(cached.filename)}", cached.path, facts))
+        rows.append(_tag_row(canonical_name(cached.repo_id, cached.filename), cached.path, facts))
     return rows
-
-
-def _tag(filename: str) -> str:
-    """The tag a pulled file answers by: the quantization its name carries (as pulled), else its name."""
-    match = QUANT.search(Path(filename).name)
-    return match.group(1) if match else filename
 
 
 def _tag_row(name: str, path: Optional[Path], facts: Optional[ModelFacts]) -> dict:
@@ -428,7 +398,7 @@ def version():
 @bp.route("/api/tags", methods=["GET", "HEAD"])
 def tags():
     """Configured models and the GGUF files in the hub's cache."""
-    return jsonify({"models": offload.call(gevent.get_hub().threadpool, _listing, state().settings.models)})
+    return jsonify({"models": offload.call(gevent.get_hub().threadpool, _listing, state().models.models())})
 
 
 @bp.get("/api/ps")
@@ -459,7 +429,7 @@ def show():
         raise ApiError(404, f"model {body.named!r} is not on this machine yet: it downloads on its first use",
                        code="model_not_found", param="model")
     path, facts = found
-    spec = state().settings.models[model_id]
+    spec = state().models.get(model_id)
     loaded = state().pool.loaded_model(model_id)
     context = loaded.engine.context_length if loaded else (spec.context_length or facts.context_length)
     info = {key: value if body.verbose or not isinstance(value, list) else None
@@ -567,7 +537,7 @@ def _template_of(model_id: str) -> Optional[str]:
     if loaded is not None:
         return loaded.template.source
     found = facts_of(model_id)
-    return found[1].template_source(state().settings.models[model_id].chat_template) if found else None
+    return found[1].template_source(state().models.get(model_id).chat_template) if found else None
 
 
 def generation_request(body: Generating, model_id: str, **prompt: Any) -> GenerationRequest:
@@ -837,7 +807,7 @@ def pull():
     status lines; the model answers by that name once it is there."""
     body = parse_body(Named, json_type=False)
     name = body.named
-    source = _hub_source(name)
+    source = hub_source(name)
     if source is None:
         raise invalid(f"{name[:100]!r}: this server pulls GGUF files from the Hugging Face hub, named "
                       "hf.co/{owner}/{repo}:{quant}; it has no registry of its own", param="model")
@@ -898,9 +868,9 @@ def delete():
         return Response(status=200)
     model_id = model_id_of(name)
     kronk = state()
-    spec = kronk.settings.models[model_id]
+    spec = kronk.models.get(model_id)
     pulled = spec.repo_id is not None and spec == ModelSpec(repo_id=spec.repo_id, filename=spec.filename)
-    if not pulled or _hub_source(model_id) is None:
+    if not pulled or hub_source(model_id) is None:
         raise invalid(f"{name!r} is in the server's configuration: remove it there", param="model")
     if kronk.pool.loaded_model(model_id) is not None and not kronk.pool.unload(model_id, "deleted"):
         raise ApiError(409, f"{name!r} is in use: delete it once its requests end", code="model_in_use")
@@ -908,7 +878,7 @@ def delete():
         offload.call(gevent.get_hub().threadpool, _remove_file, spec)
     except hub.HubError as exc:
         raise ApiError(404, str(exc), code="model_not_found", param="model") from None
-    kronk.settings.models.pop(model_id, None)
+    kronk.models.forget(model_id)
     return Response(status=200)
 
 
@@ -926,7 +896,7 @@ def copy():
     """Another name for a model, kept in the cache directory for every worker."""
     body = parse_body(CopyBody, json_type=False)
     model_id_of(body.source)
-    models = state().settings.models
+    models = state().models.configured
     if offload.call(gevent.get_hub().threadpool, _configured, models, body.destination) is not None:
         raise invalid(f"{body.destination!r} already answers for a model: a copy cannot take its name",
                       param="destination")

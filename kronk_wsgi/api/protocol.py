@@ -1,8 +1,11 @@
-"""What makes a protocol: its routes, how its streams are framed, the shape of its errors, its headers.
+"""What makes a protocol: its routes, its paths and their rules, how its streams are framed, the shape of its
+errors, its headers.
 
 Each API module defines one ``Protocol``; the registry (``protocols.py``)
-lists them. The app mounts their blueprints, the request hooks take each
-path's error shape and headers from it, and the response path its framing.
+lists them. The app mounts their blueprints and root routes, the request
+hooks take each path's rules (open, admin, unknown), error shape and headers
+from it, and the response path its framing. Nothing outside a protocol's
+module names its paths.
 """
 
 import dataclasses
@@ -31,6 +34,11 @@ class Protocol:
 
     ``error_body`` shapes its errors, ``framing`` its streams, and ``headers``
     (if given) adds headers to each of its responses from the request's record.
+    ``open_paths`` need no key (probes), nor does any of its paths unless
+    ``needs_key`` (static pages that ask for a key themselves); paths that start with one of
+    ``admin_paths`` need an admin key; any other path under one of
+    ``unknown_below`` is its 404 (or 405); ``root`` answers ``GET /``, where the
+    app serves it.
     """
 
     name: str
@@ -39,6 +47,11 @@ class Protocol:
     error_body: Callable[[ApiError], dict] = openai_error_body
     framing: Framing = SSE
     headers: Optional[Callable[[Response, RequestRecord], None]] = None
+    open_paths: tuple[str, ...] = ()
+    needs_key: bool = True
+    admin_paths: tuple[str, ...] = ()
+    unknown_below: tuple[str, ...] = ()
+    root: Optional[Callable[[], Response]] = None
 
     def error_response(self, error: ApiError) -> Response:
         """The error in this protocol's shape, with its status and headers."""
@@ -56,12 +69,20 @@ class Protocol:
 
 
 class Protocols:
-    """The registry: every protocol, and which one a path speaks (the longest prefix; else the first)."""
+    """The registry: every protocol, which one a path speaks (the longest prefix; else the first), and the paths'
+    rules of them all."""
 
     def __init__(self, protocols: Sequence[Protocol]) -> None:
         self.all = tuple(protocols)
         self._by_prefix = sorted(((p, protocol) for protocol in self.all for p in protocol.prefixes),
                                  key=lambda item: -len(item[0]))
+        self.open_paths = frozenset(path for protocol in self.all for path in protocol.open_paths)
+        self.admin_paths = tuple(path for protocol in self.all for path in protocol.admin_paths)
+        self.unknown_below = tuple(path for protocol in self.all for path in protocol.unknown_below)
+        roots = [protocol.root for protocol in self.all if protocol.root is not None]
+        if len(roots) > 1:
+            raise ValueError("more than one protocol answers GET /")
+        self.root = roots[0] if roots else None
 
     def for_path(self, path: str) -> Protocol:
         for prefix, protocol in self._by_prefix:

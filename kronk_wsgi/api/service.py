@@ -3,16 +3,19 @@
 import os
 import socket
 
+import gevent
 from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__
-from .errors import model_not_found
+from ..serving import offload
 from .protocol import Protocol
+from .sessions import known_model
 from .state import state
 
 bp = Blueprint("service", __name__)
-PROTOCOL = Protocol("service", bp, prefixes=("/v1/models", "/v1/liveness", "/v1/readiness", "/metrics"))
+PROTOCOL = Protocol("service", bp, prefixes=("/v1/models", "/v1/liveness", "/v1/readiness", "/metrics"),
+                    open_paths=("/v1/liveness", "/v1/readiness", "/metrics"), unknown_below=("/v1/",))
 
 
 def _model_card(model_id: str) -> dict:
@@ -27,15 +30,16 @@ def _model_card(model_id: str) -> dict:
 
 @bp.get("/v1/models")
 def list_models():
-    """The configured models."""
-    return jsonify({"object": "list", "data": [_model_card(m) for m in state().settings.models]})
+    """The configured models, then the files pulled into the hub's cache (by any worker)."""
+    models = state().models
+    pulled = offload.call(gevent.get_hub().threadpool, models.pulled)
+    return jsonify({"object": "list", "data": [_model_card(m) for m in [*models.configured, *pulled]]})
 
 
 @bp.get("/v1/models/<path:model_id>")
 def get_model(model_id: str):
-    """One configured model."""
-    if model_id not in state().settings.models:
-        raise model_not_found(model_id)
+    """One model, configured or pulled."""
+    known_model(model_id)
     return jsonify(_model_card(model_id))
 
 

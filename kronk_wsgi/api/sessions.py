@@ -11,7 +11,9 @@ import time
 from typing import Callable, Iterator, Sequence
 
 import flask
+import gevent
 
+from ..model_registry import hub_source
 from ..serving import offload
 from ..serving.drain import ShuttingDown
 from ..serving.jobs import Job
@@ -37,14 +39,13 @@ def use_model(model_id: str) -> Iterator[LoadedModel]:
 def claim_model(model_id: str) -> LoadedModel:
     """The loaded model, claimed: it stays loaded until the caller unclaims it.
 
-    404 if it is not configured; 503 if it cannot load, or if the models
+    404 if it is neither configured nor pulled (see ``known_model``); 503 if it cannot load, or if the models
     that must be unloaded to make room for it stay in use for the admission
     timeout (with Retry-After: it waits for them meanwhile); 400 if it is
     larger than the memory budget. Only a configured
     id is recorded: logs and metric labels never carry what a client made up.
     """
-    if model_id not in state().settings.models:
-        raise model_not_found(model_id)
+    known_model(model_id)
     rec = record()
     rec.model = model_id
     asked = time.monotonic()
@@ -62,6 +63,16 @@ def claim_model(model_id: str) -> LoadedModel:
         raise invalid(str(exc), param="model", code="model_too_large") from None
     rec.load_seconds = time.monotonic() - asked
     return model
+
+
+def known_model(model_id: str) -> None:
+    """404 unless the model is configured or a file pulled into the hub's cache (named
+    ``hf.co/{owner}/{repo}:{tag}``; the hub's cache is looked at off the event loop)."""
+    models = state().models
+    if model_id in models:
+        return
+    if hub_source(model_id) is None or offload.call(gevent.get_hub().threadpool, models.find, model_id) != model_id:
+        raise model_not_found(model_id)
 
 
 def start_generation(request: GenerationRequest) -> Session:

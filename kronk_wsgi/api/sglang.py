@@ -19,7 +19,7 @@ from .state import state
 
 bp = Blueprint("sglang", __name__)
 PROTOCOL = Protocol("sglang", bp, prefixes=("/health", "/server_info", "/get_server_info", "/model_info",
-                                            "/get_model_info", "/get_load"))
+                                            "/get_model_info", "/get_load"), open_paths=("/health",))
 
 
 @bp.get("/health")

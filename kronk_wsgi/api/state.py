@@ -10,6 +10,7 @@ from gevent.threadpool import ThreadPool
 
 from ..config import Settings
 from ..metrics import Metrics
+from ..model_registry import ModelRegistry
 from ..serving.pool import ModelPool
 from ..serving.session import GenerationStats, Session
 from .response_store import ResponseStore
@@ -37,6 +38,11 @@ class KronkState:
     open_requests: "weakref.WeakSet[RequestRecord]" = dataclasses.field(default_factory=weakref.WeakSet)
     background: "dict[str, BackgroundRun]" = dataclasses.field(default_factory=dict)  # running here, by response id
     beating: bool = False  # a greenlet stores this worker's heartbeat for its background runs
+
+    @property
+    def models(self) -> ModelRegistry:
+        """The models it answers for (the pool's registry)."""
+        return self.pool.models
 
 
 @dataclasses.dataclass(eq=False)  # each record is itself: kept in a WeakSet

@@ -27,6 +27,7 @@ from ..engine.base import Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
 from ..engine.prompt_cache import PromptCache
 from ..metrics import Metrics
+from ..model_registry import ModelRegistry
 from . import offload
 from .drain import Drain
 from .scheduler import CLIENT_POLL_SECONDS, ClientGone, Scheduler
@@ -196,7 +197,8 @@ class ModelPool:
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         """ConfigError if a model's engine does not take its engine_options."""
-        for model_id, spec in settings.models.items():
+        self.models = ModelRegistry(settings.models)
+        for model_id, spec in self.models.configured.items():
             try:
                 check_engine_options(spec)
             except (ValueError, EngineError) as exc:
@@ -238,7 +240,8 @@ class ModelPool:
         NeverFits if it is larger than the memory budget, ModelUnavailable if
         it fails to load.
         """
-        if model_id not in self.settings.models:
+        spec = self.models.get(model_id)
+        if spec is None:
             raise UnknownModel(model_id)
         model = self._loaded.get(model_id)
         if model is not None and model.file_changed():
@@ -255,7 +258,6 @@ class ModelPool:
         if pending is not None:
             self._waiting[model_id] = self._waiting.get(model_id, 0) + 1
             return pending.get()  # claimed for this caller by the loader
-        spec = self.settings.models[model_id]
         pending = self._loading[model_id] = gevent.event.AsyncResult()
         self._waiting[model_id] = 0
         started = time.monotonic()

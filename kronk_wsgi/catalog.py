@@ -1,7 +1,7 @@
 """Model management: from a configured model spec to its file and its loaded engine."""
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from .config import ModelSpec
 from .engine.base import Engine, EngineError
@@ -9,8 +9,13 @@ from .engine.demo_model import demo_model_path, ensure_demo_model
 from .engine.registry import ENGINES
 
 
-def model_file(spec: ModelSpec) -> Path:
-    """The local file of a model: as configured, from the hub cache, or generated."""
+# progress(done, total) of a download; it may raise to stop the download.
+Progress = Callable[[int, Optional[int]], None]
+
+
+def model_file(spec: ModelSpec, progress: Progress = lambda done, total: None) -> Path:
+    """The local file of a model: as configured, from the hub cache (downloaded first if it is not there yet,
+    reporting to ``progress``), or generated."""
     if spec.demo is not None:
         return ensure_demo_model(spec.demo)
     if spec.repo_id is not None:
@@ -21,7 +26,7 @@ def model_file(spec: ModelSpec) -> Path:
             return cached  # as Ollama does: a cached model loads without the hub; `kronk-wsgi pull` updates it
         try:
             # Honours HF_HUB_OFFLINE and HF_HOME: offline, only the local cache is read.
-            return hub.pull(spec.repo_id, spec.filename or spec.quant, spec.revision, progress=lambda done, total: None)
+            return hub.pull(spec.repo_id, spec.filename or spec.quant, spec.revision, progress=progress)
         except hub.HubError as exc:
             raise EngineError(str(exc)) from None
     path = Path(spec.path).expanduser()
@@ -55,9 +60,9 @@ def check_engine_options(spec: ModelSpec) -> None:
     raise ValueError("; ".join(problems))
 
 
-def load_engine(model_id: str, spec: ModelSpec) -> Engine:
-    """Load a configured model (blocking; call it from a worker thread)."""
-    path = model_file(spec)
+def load_engine(model_id: str, spec: ModelSpec, progress: Progress = lambda done, total: None) -> Engine:
+    """Load a configured model (blocking; call it from a worker thread); ``progress`` hears of its download."""
+    path = model_file(spec, progress)
     try:
         kind = ENGINES.choose(path, spec.engine, spec.engine_options)
         return kind.load(model_id, path, spec.context_length, spec.engine_options)

@@ -101,6 +101,8 @@ class Settings(BaseModel):
     workers: int = Field(1, ge=1)  # gunicorn worker processes
     queue_depth: int = Field(2, ge=1)  # admission places per slot
     admission_timeout: float = Field(180.0, gt=0)
+    # Seconds a model's load (with its download, for a hub model not in the cache yet) or a pull may take.
+    load_timeout: float = Field(1800.0, gt=0)
     # Requests that may wait in line for a model's admission place; past it a 429 at once. None: no limit.
     max_waiting: Optional[int] = Field(64, ge=0)
     # Background responses not finished yet, per API key and in all (each worker); past either a 429.

@@ -121,7 +121,7 @@ def in_process_pool(tiny_model):
 
 
 def test_a_load_that_fails_unexpectedly_reaches_every_waiter(in_process_pool, monkeypatch):
-    def failing(model_id, spec):
+    def failing(model_id, spec, progress):
         time.sleep(0.3)  # in the loading thread: the other requests arrive and wait
         raise OSError("disk full while writing the prepared copy")
 

@@ -9,12 +9,13 @@ import time
 from typing import Iterator, Optional
 
 import pydantic
-from flask import Blueprint, jsonify
+from flask import Blueprint, jsonify, request
 
 from .. import hub
 from ..serving.formats import tool_rendering
 from . import pulling
 from .body import parse_body
+from .client import client_watch
 from .errors import ApiError
 from .protocol import Protocol
 from .schemas import Strict
@@ -30,6 +31,9 @@ def _model_row(model_id: str) -> dict:
     spec = kronk.models.get(model_id)
     row = {"id": model_id, "source": spec.describe(), "loaded": False, "default": model_id == kronk.settings.default_model,
            "load_error": kronk.pool.load_errors.get(model_id)}
+    loading = kronk.pool.loads.get(model_id)
+    if loading is not None:  # what its download has fetched so far (bytes)
+        row["loading"] = {"done": loading.done, "total": loading.total}
     loaded = kronk.pool.loaded_model(model_id)
     if loaded is not None:
         scheduler = loaded.scheduler
@@ -102,15 +106,17 @@ def pull():
 
     Before the commit the file is looked up (a 400 naming what is wrong).
     Then: ``start``, ``progress`` events (bytes done and total), and ``done``
-    with the file's path, or ``error``. A client that leaves does not stop
-    the download: it finishes in the background.
+    with the file's path, or ``error``. A client that leaves stops the
+    download (see pulling.py).
     """
     body = parse_body(PullRequest)
     try:
         filename = pulling.resolve(body.repo_id, body.file, body.revision)
     except hub.HubError as exc:
         raise ApiError(400, str(exc), code="pull_failed", param="file") from None
-    news = pulling.pull(body.repo_id, filename, body.revision, state().settings.keepalive_interval)
+    settings = state().settings
+    news = pulling.pull(body.repo_id, filename, body.revision, settings.keepalive_interval, settings.load_timeout,
+                        client_watch(request.environ))
     return PROTOCOL.stream(_pull_frames(news, body.repo_id, filename))
 
 

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, Mapping, Optional, Union
 
+import flask
 import gevent
 import pydantic
 from flask import Blueprint, Response, jsonify
@@ -34,6 +35,7 @@ from ..serving.reasoning import reasons
 from ..serving.session import GenerationStats
 from . import pulling
 from .body import parse_body
+from .client import client_watch
 from .errors import ApiError, invalid
 from .openai_chat import by_choice, token_text
 from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
@@ -817,7 +819,9 @@ def pull():
         filename = _resolve_pull(repo_id, quant)
     except hub.HubError as exc:
         raise ApiError(400, str(exc), code="pull_failed", param="model") from None
-    news = pulling.pull(repo_id, filename, None, state().settings.keepalive_interval)
+    settings = state().settings
+    news = pulling.pull(repo_id, filename, None, settings.keepalive_interval, settings.load_timeout,
+                        client_watch(flask.request.environ))
     digest = "sha256:" + hashlib.sha256(f"{repo_id}/{filename}".encode()).hexdigest()
     frames = _pull_lines(news, digest)
     if body.stream:

@@ -10,6 +10,7 @@ model), and, least recently used first, when another model needs room under
 """
 
 import contextlib
+import dataclasses
 import re
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import gevent.event
 import structlog
 from gevent.threadpool import ThreadPool
 
-from ..catalog import check_engine_options, load_engine, local_file
+from ..catalog import Progress, check_engine_options, load_engine, local_file
 from ..config import ConfigError, ModelSpec, Settings
 from ..describe import footprint
 from ..engine.base import Engine, EngineError, Slot
@@ -62,6 +63,22 @@ class _InUse(Exception):
 
 class NeverFits(RuntimeError):
     """The model alone is larger than the memory budget."""
+
+
+@dataclasses.dataclass
+class Loading:
+    """A load under way: what its download has fetched, and why it must stop (set on the event loop, read by the
+    loading thread at its next piece of the download)."""
+
+    done: int = 0
+    total: Optional[int] = None
+    stop: Optional[str] = None
+
+    def progress(self, done: int, total: Optional[int]) -> None:
+        """Called by the loading thread as bytes arrive; raises to stop the download."""
+        if self.stop is not None:
+            raise EngineError(self.stop)
+        self.done, self.total = done, total
 
 
 class Lease:
@@ -208,6 +225,7 @@ class ModelPool:
         self.drain = Drain()
         self._loaded: dict[str, LoadedModel] = {}
         self._loading: dict[str, gevent.event.AsyncResult] = {}
+        self.loads: dict[str, Loading] = {}  # the loads under way, with their downloads' progress
         self._waiting: dict[str, int] = {}  # requests waiting for a model's load, beside the one loading it
         self._loading_memory: dict[str, int] = {}  # what each model being loaded will take, once room is made
         self.load_errors: dict[str, str] = {}
@@ -256,17 +274,17 @@ class ModelPool:
             return model
         pending = self._loading.get(model_id)
         if pending is not None:
-            self._waiting[model_id] = self._waiting.get(model_id, 0) + 1
-            return pending.get()  # claimed for this caller by the loader
+            return self._wait_for_load(model_id, pending, client_gone)
         pending = self._loading[model_id] = gevent.event.AsyncResult()
         self._waiting[model_id] = 0
         started = time.monotonic()
+        # A load others wait for goes on when the client that started it leaves; it stops when all have gone.
+        everyone_gone = lambda: client_gone() and not self._waiting[model_id]  # noqa: E731
         try:
             memory = offload.call(gevent.get_hub().threadpool, self._footprint, spec)
-            # A load others wait for goes on when the client that started it leaves.
-            self._wait_for_room(model_id, memory, started + wait, lambda: client_gone() and not self._waiting[model_id])
+            self._wait_for_room(model_id, memory, started + wait, everyone_gone)
             self._loading_memory[model_id] = memory
-            engine, template, slots, path = offload.call(gevent.get_hub().threadpool, self._load, model_id, spec)
+            engine, template, slots, path = self._run_load(model_id, spec, everyone_gone)
         except (NoRoom, NeverFits, ClientGone) as exc:
             pending.set_exception(exc)
             raise
@@ -303,6 +321,39 @@ class ModelPool:
         if self.settings.idle_unload_seconds is not None:
             self._start_sweeper()
         return model
+
+    def _wait_for_load(self, model_id: str, pending: gevent.event.AsyncResult,
+                       client_gone: Callable[[], bool]) -> LoadedModel:
+        """Wait for the load another request started; the model, claimed for this caller by the loader.
+        ClientGone if the client leaves first."""
+        self._waiting[model_id] += 1
+        while not pending.ready():
+            pending.wait(CLIENT_POLL_SECONDS)
+            if not pending.ready() and client_gone():
+                self._waiting[model_id] -= 1
+                raise ClientGone()
+        return pending.get()
+
+    def _run_load(self, model_id: str, spec: ModelSpec, everyone_gone: Callable[[], bool]
+                  ) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
+        """Load in a worker thread; stop its download after ``load_timeout``, or once every request waiting for
+        it has gone."""
+        loading = self.loads[model_id] = Loading()
+        timeout = self.settings.load_timeout
+        deadline = time.monotonic() + timeout
+        try:
+            job = offload.Running(gevent.get_hub().threadpool, self._load, model_id, spec, loading.progress)
+            while not job.ready():
+                job.wait(CLIENT_POLL_SECONDS)
+                if job.ready() or loading.stop is not None:
+                    continue
+                if time.monotonic() >= deadline:
+                    loading.stop = f"the load took longer than load_timeout ({timeout:g} s)"
+                elif everyone_gone():
+                    loading.stop = "every request waiting for it has gone"
+            return job.get()
+        finally:
+            del self.loads[model_id]
 
     def keep(self, model_id: str, seconds: float) -> None:
         """Keep a loaded model for ``seconds`` once unused (negative: until the worker stops; 0: unload it now if
@@ -404,9 +455,11 @@ class ModelPool:
                 if ttl is not None and not model.in_use and now - model.last_used >= ttl:
                     self.unload(model.id, "keep_alive" if model.keep_alive is not None else "idle")
 
-    def _load(self, model_id: str, spec: ModelSpec) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
-        """Runs in a worker thread: the engine, its chat template, its slots and its file."""
-        engine = load_engine(model_id, spec)
+    def _load(self, model_id: str, spec: ModelSpec, progress: Progress
+              ) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
+        """Runs in a worker thread: the engine, its chat template, its slots and its file (``progress`` hears of its
+        download)."""
+        engine = load_engine(model_id, spec, progress)
         tokenizer = engine.tokenizer
         template = ChatTemplate.for_model(
             spec.chat_template, engine.chat_template, tokenizer.token_text(tokenizer.bos_id),

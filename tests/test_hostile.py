@@ -131,7 +131,7 @@ def test_a_load_that_fails_unexpectedly_reaches_every_waiter(in_process_pool, mo
 
     def ask() -> None:
         try:
-            pool.get("a")
+            pool.claim("a")
             outcomes.append("loaded")
         except ModelUnavailable as exc:
             outcomes.append(str(exc))
@@ -150,7 +150,7 @@ def test_two_first_loads_at_once_keep_the_memory_budget(in_process_pool, tiny_mo
 
     def load(model_id: str) -> None:
         try:
-            pool.get(model_id)
+            pool.claim(model_id)
             results[model_id] = "loaded"
         except NoRoom:
             results[model_id] = "no room"
@@ -190,13 +190,13 @@ def test_a_model_file_changed_under_a_loaded_model_is_loaded_again(tiny_model, t
     path = tmp_path / "model.gguf"
     path.write_bytes(tiny_model.read_bytes())
     pool = ModelPool(Settings(models={"m": ModelSpec(path=str(path))}, threads=1), Metrics())
-    first = pool.get("m")
+    first = pool.claim("m")
     path.write_bytes(tiny_model.read_bytes())  # rewritten in place: a new modification time
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # however coarse the clock
     with pytest.raises(ModelUnavailable, match="changed on disk"):
-        pool.get("m")  # the first claim still holds it: it cannot be reloaded under its user
+        pool.claim("m")  # the first claim still holds it: it cannot be reloaded under its user
     first.unclaim()
-    second = pool.get("m")
+    second = pool.claim("m")
     assert second is not first and not second.file_changed()
     second.unclaim()
 

@@ -169,7 +169,7 @@ def test_a_response_that_cannot_be_stored_says_so(start, tmp_path):
 
 
 def test_the_store_keeps_its_byte_budget_and_a_chain_grows_by_its_turns(tmp_path):
-    store = ResponseStore(tmp_path / "r.db", keep=1000, max_bytes=20_000)
+    store = ResponseStore(tmp_path / "r.db", most=1000, max_bytes=20_000)
     previous = None
     for turn in range(40):
         response = {"id": f"resp_{turn}", "output": [], "padding": "x" * 900}
@@ -186,7 +186,7 @@ def test_the_store_keeps_its_byte_budget_and_a_chain_grows_by_its_turns(tmp_path
 
 
 def test_a_chain_is_continued_whole(tmp_path):
-    store = ResponseStore(tmp_path / "r.db", keep=1000, max_bytes=10**9)
+    store = ResponseStore(tmp_path / "r.db", most=1000, max_bytes=10**9)
     store.put({"id": "resp_1"}, "o", None, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
     store.put({"id": "resp_2"}, "o", "resp_1", [{"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}])
     assert [m["content"] for m in store.conversation("resp_2", "o")] == ["a", "b", "c", "d"]
@@ -194,7 +194,7 @@ def test_a_chain_is_continued_whole(tmp_path):
 
 
 def test_background_events_count_in_the_byte_budget_and_go_with_their_response(tmp_path):
-    store = ResponseStore(tmp_path / "r.db", keep=1000, max_bytes=30_000)
+    store = ResponseStore(tmp_path / "r.db", most=1000, max_bytes=30_000)
     for turn in range(10):
         response_id = f"resp_{turn}"
         store.put({"id": response_id, "status": "completed"}, "owner", None, [])

@@ -77,7 +77,7 @@ def unload(model_id: str):
     if kronk.pool.loaded_model(model_id) is None:
         raise ApiError(409, f"model {model_id!r} is not loaded", code="not_loaded")
     if not kronk.pool.unload(model_id, "admin"):
-        kronk.pool.keep(model_id, 0)  # as the answer says
+        kronk.pool.set_keep_alive(model_id, 0)  # as the answer says
         raise ApiError(409, f"model {model_id!r} is in use: it is unloaded once its requests are done",
                        code="model_in_use")
     return jsonify({"id": model_id, "unloaded": True})

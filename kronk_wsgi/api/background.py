@@ -60,7 +60,7 @@ class BackgroundRun:
         self.kronk = kronk
         self.response_id = response_id
         self.owner = owner
-        self.keep: Callable[[dict], None] = lambda response: None
+        self.store_response: Callable[[dict], None] = lambda response: None
         self.cancelled_here = False  # set by a cancel this worker took
         self._looked = 0.0
         self.listener: Optional[gevent.queue.Queue] = None  # the live stream's frames, while its client reads
@@ -83,12 +83,12 @@ class BackgroundRun:
         return self.cancelled_here
 
     def start(self, admit: Callable[[Callable[[], bool]], Session], encoder: "ResponsesEncoder",
-              keep: Callable[[dict], None], stream: bool) -> Response:
-        """Say in the store that this worker runs the response, store it as queued (``keep`` stores the response
+              store_response: Callable[[dict], None], stream: bool) -> Response:
+        """Say in the store that this worker runs the response, store it as queued (``store_response`` stores the response
         object as it goes), run it in a greenlet, and answer the POST: the queued response, or the stream of its
         events."""
         kronk = self.kronk
-        self.keep = keep
+        self.store_response = store_response
         offload.call(kronk.store_thread, kronk.responses.run_started, self.response_id, worker_id())
         _start_heartbeat(kronk)
         base = encoder.base
@@ -180,7 +180,7 @@ class BackgroundRun:
 
     def _store(self, response: dict) -> None:
         try:
-            self.keep(response)
+            self.store_response(response)
         except ApiError as exc:
             log.error("background response not stored", response_id=self.response_id, error=exc.message)
 

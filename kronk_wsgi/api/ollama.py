@@ -567,9 +567,9 @@ def chat():
     for index, message in enumerate(body.messages):
         _no_images(message.images, f"messages[{index}].images")
     model_id = model_id_of(body.model)
-    keep = requested_keep_alive(body.keep_alive)
+    keep_alive = requested_keep_alive(body.keep_alive)
     if not body.messages:
-        return _load_or_unload(model_id, body.model, keep, chat=True)
+        return _load_or_unload(model_id, body.model, keep_alive, chat=True)
     tools = None
     if body.tools:
         tools = ToolUse(tuple(template_tool(t.function.name, t.function.description, t.function.parameters)
@@ -579,7 +579,7 @@ def chat():
         body, model_id, prompt_param="messages", messages=[m.for_template(i) for i, m in enumerate(body.messages)],
         tools=tools, thinking=thinking(body, _template_of(model_id), body.model),
     )
-    return _answer(request, body, keep, chat=True)
+    return _answer(request, body, keep_alive, chat=True)
 
 
 @bp.post("/api/generate")
@@ -596,9 +596,9 @@ def generate():
     if body.context:
         raise invalid("context is not kept here: send the conversation to /api/chat", param="context")
     model_id = model_id_of(body.model)
-    keep = requested_keep_alive(body.keep_alive)
+    keep_alive = requested_keep_alive(body.keep_alive)
     if not body.prompt and body.suffix is None:
-        return _load_or_unload(model_id, body.model, keep, chat=False)
+        return _load_or_unload(model_id, body.model, keep_alive, chat=False)
     if body.suffix is not None:
         found = facts_of(model_id)
         filled = fill_in_middle(found[1].control if found else (), body.prompt, body.suffix)
@@ -615,35 +615,35 @@ def generate():
             {"role": "user", "content": body.prompt}]
         request = generation_request(body, model_id, prompt_param="prompt", messages=messages,
                                      thinking=thinking(body, _template_of(model_id), body.model))
-    return _answer(request, body, keep, chat=False)
+    return _answer(request, body, keep_alive, chat=False)
 
 
-def _answer(request: GenerationRequest, body: Generating, keep: Optional[float], chat: bool) -> Response:
+def _answer(request: GenerationRequest, body: Generating, keep_alive: Optional[float], chat: bool) -> Response:
     session = start_generation(request)
     encoder = OllamaEncoder(body.model, chat, body.logprobs, session.stats, session.started, record().load_seconds)
     response = respond(session, encoder, body.stream)
-    _keep_after(response, request.model, keep)
+    _set_keep_alive_after(response, request.model, keep_alive)
     return response
 
 
-def _keep_after(response: Response, model_id: str, keep: Optional[float]) -> None:
+def _set_keep_alive_after(response: Response, model_id: str, keep_alive: Optional[float]) -> None:
     """Apply a keep_alive once the response has gone out (and its session has let the model go)."""
-    if keep is not None:
+    if keep_alive is not None:
         pool = state().pool
-        response.call_on_close(lambda: pool.keep(model_id, keep))
+        response.call_on_close(lambda: pool.set_keep_alive(model_id, keep_alive))
 
 
-def _load_or_unload(model_id: str, name: str, keep: Optional[float], chat: bool) -> Response:
+def _load_or_unload(model_id: str, name: str, keep_alive: Optional[float], chat: bool) -> Response:
     """An empty prompt: load the model (done_reason "load"), or with keep_alive 0 unload it ("unload")."""
     pool = state().pool
-    if keep == 0:
-        pool.keep(model_id, 0)  # now if unused, else when its requests end
+    if keep_alive == 0:
+        pool.set_keep_alive(model_id, 0)  # now if unused, else when its requests end
         reason = "unload"
     else:
         with use_model(model_id):
             pass
-        if keep is not None:
-            pool.keep(model_id, keep)
+        if keep_alive is not None:
+            pool.set_keep_alive(model_id, keep_alive)
         reason = "load"
     line = {"model": name, "created_at": _timestamp(), "done": True, "done_reason": reason}
     line.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
@@ -773,7 +773,7 @@ def embed():
     if body.dimensions is not None:
         raise invalid("dimensions is not supported: these models give vectors of one size", param="dimensions")
     model_id = model_id_of(body.model)
-    keep = requested_keep_alive(body.keep_alive)
+    keep_alive = requested_keep_alive(body.keep_alive)
     inputs = [body.input] if isinstance(body.input, str) else body.input
     started = time.monotonic()
     session = start_embedding(model_id, inputs, param="input", truncate=body.truncate)
@@ -783,7 +783,7 @@ def embed():
         "total_duration": _ns(time.monotonic() - started), "load_duration": _ns(record().load_seconds),
         "prompt_eval_count": finished.usage.prompt_tokens,
     })
-    _keep_after(response, model_id, keep)
+    _set_keep_alive_after(response, model_id, keep_alive)
     return response
 
 
@@ -792,12 +792,12 @@ def embeddings():
     """The older endpoint: one text's embedding."""
     body = parse_body(EmbeddingsBody, json_type=False)
     model_id = model_id_of(body.model)
-    keep = requested_keep_alive(body.keep_alive)
+    keep_alive = requested_keep_alive(body.keep_alive)
     if not body.prompt:
         return jsonify({"embedding": []})
     output, _ = run_to_end(start_embedding(model_id, [body.prompt], param="prompt"))
     response = jsonify({"embedding": output[0].vector.astype(float).tolist()})
-    _keep_after(response, model_id, keep)
+    _set_keep_alive_after(response, model_id, keep_alive)
     return response
 
 

@@ -477,7 +477,7 @@ def _stored(read: Callable[[str, str], Any], response_id: str, param: Optional[s
     return found
 
 
-def _keeper(response_id: str, previous: Optional[str], messages: list[dict]) -> Callable[[dict], None]:
+def _storer(response_id: str, previous: Optional[str], messages: list[dict]) -> Callable[[dict], None]:
     """What stores a finished response (``messages`` its input): it waits up to STORE_WAIT_SECONDS for the write.
 
     A failed write is an ApiError (500 ``store_failed``), in time for the client to hear of it; a write
@@ -492,7 +492,7 @@ def _keeper(response_id: str, previous: Optional[str], messages: list[dict]) -> 
             log.error("response not stored", response_id=response_id, error=f"{type(exc).__name__}: {exc}")
             raise
 
-    def keep(final: dict) -> None:
+    def store_response(final: dict) -> None:
         try:
             with gevent.Timeout(STORE_WAIT_SECONDS):
                 offload.call(kronk.store_thread, write, final)
@@ -501,7 +501,7 @@ def _keeper(response_id: str, previous: Optional[str], messages: list[dict]) -> 
         except Exception as exc:
             raise ApiError(500, f"the response could not be stored: {exc}", code="store_failed") from None
 
-    return keep
+    return store_response
 
 
 def _open_sealed(body: "ResponsesRequest") -> None:
@@ -577,11 +577,11 @@ def responses():
         "usage": None, "user": body.user, "metadata": body.metadata or {},
     }
 
-    keep = _keeper(response_id, body.previous_response_id, body.input_messages()) if store else None
+    store_response = _storer(response_id, body.previous_response_id, body.input_messages()) if store else None
     seal = state().sealer.seal if "reasoning.encrypted_content" in (body.include or ()) else None
-    encoder = ResponsesEncoder(base, keep, seal, body.namespaces(), body.custom_tools())
+    encoder = ResponsesEncoder(base, store_response, seal, body.namespaces(), body.custom_tools())
     if body.background:
-        return run.start(admit, encoder, keep, body.stream)
+        return run.start(admit, encoder, store_response, body.stream)
     return respond(session, encoder, body.stream)
 
 
@@ -664,14 +664,14 @@ class ResponsesEncoder(Encoder):
 
     protocol = PROTOCOL
 
-    def __init__(self, base: dict, keep: Optional[Callable[[dict], None]] = None,
+    def __init__(self, base: dict, store_response: Optional[Callable[[dict], None]] = None,
                  seal: Optional[Callable[[str], str]] = None, namespaces: Optional[dict[str, str]] = None,
                  custom_tools: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.base = base
         self.namespaces = namespaces or {}  # a namespaced function's namespace, by its name
         self.custom_tools = custom_tools  # the names whose calls are custom_tool_call items
-        self.keep = keep  # stores the finished response object, if the request asked for it
+        self.store_response = store_response  # stores the finished response object, if the request asked for it
         self.seal = seal
         self.sequence = 0
         self.output: list[dict] = []
@@ -781,9 +781,9 @@ class ResponsesEncoder(Encoder):
 
     def finished(self, event: Finished) -> Iterator[str]:
         final = _final(self.base, self.output, self.end, event)
-        if self.keep:
+        if self.store_response:
             try:
-                self.keep(final)  # before the client hears it is done: it may continue the conversation at once
+                self.store_response(final)  # before the client hears it is done: it may continue the conversation at once
             except ApiError as exc:
                 error = {"code": exc.code, "message": exc.message}
                 yield self._event("response.failed", response={**final, "status": "failed", "error": error})
@@ -814,6 +814,6 @@ class ResponsesEncoder(Encoder):
                 items.append(_message_item(_new_id("msg_"), event.text, status, listed.get(id(event))))
         return {**_final(self.base, items, end, finished), "output_text": _output_text(items)}
 
-    def keep_whole(self, answer: dict) -> None:
-        if self.keep:
-            self.keep({key: value for key, value in answer.items() if key != "output_text"})
+    def store_whole(self, answer: dict) -> None:
+        if self.store_response:
+            self.store_response({key: value for key, value in answer.items() if key != "output_text"})

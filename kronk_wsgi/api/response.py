@@ -137,8 +137,8 @@ class Encoder(abc.ABC):
     def prompt_cached(self, event: PromptCached) -> None:
         """Take the prompt's cache split, known before it is evaluated (no frames of its own)."""
 
-    def keep_whole(self, answer: dict) -> None:
-        """Keep a whole answer where the protocol keeps answers (on the event loop, before the client has it)."""
+    def store_whole(self, answer: dict) -> None:
+        """Store a whole answer where the protocol stores answers (on the event loop, before the client has it)."""
 
     def frames(self, events: Iterator[Event]) -> Iterator[str]:
         """Every frame of a streamed answer, from the start to the protocol's end or its in-band error."""
@@ -174,7 +174,7 @@ def respond(session: Session, encoder: Encoder, stream: bool) -> Response:
     # objects, tens of megabytes of JSON.
     with _collector_paused():
         answer = offload.call(state().body_thread, encoder.whole, output, finished)
-        encoder.keep_whole(answer)
+        encoder.store_whole(answer)
         body = offload.call(state().body_thread, _json_bytes, answer)
         del answer  # freed before the collector runs again, or its first pass would walk all of it
     pieces = (body[i:i + WHOLE_CHUNK] for i in range(0, len(body), WHOLE_CHUNK))

@@ -82,9 +82,9 @@ def owner_of(api_key: str) -> str:
 class ResponseStore:
     """Responses by id, in a SQLite file."""
 
-    def __init__(self, path: Path, keep: int, max_bytes: int) -> None:
+    def __init__(self, path: Path, most: int, max_bytes: int) -> None:
         self.path = path
-        self.keep = keep
+        self.most = most
         self.max_bytes = max_bytes
         self._db: Optional[sqlite3.Connection] = None
 
@@ -117,7 +117,7 @@ class ResponseStore:
                        "'cancelled' OR json_extract(excluded.response, '$.status') = 'cancelled'",
                        (response["id"], owner, time.time(), previous, body, added, len(body) + len(added)))
             beyond = db.execute("DELETE FROM stored_responses WHERE created <= (SELECT created FROM "
-                                "stored_responses ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,)).rowcount
+                                "stored_responses ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.most,)).rowcount
             if beyond:
                 for table in ("background_events", "background_event_bytes"):
                     db.execute(f"DELETE FROM {table} WHERE id NOT IN (SELECT id FROM stored_responses)")
@@ -202,7 +202,7 @@ class ResponseStore:
             db.execute("INSERT OR REPLACE INTO prompt_fingerprints VALUES (?, ?, ?, ?)",
                        (message_id, owner, time.time(), json.dumps(fingerprint)))
             db.execute("DELETE FROM prompt_fingerprints WHERE created <= (SELECT created FROM prompt_fingerprints "
-                       "ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.keep,))
+                       "ORDER BY created DESC LIMIT 1 OFFSET ?)", (self.most,))
 
     def fingerprint(self, message_id: str, owner: str) -> Optional[dict]:
         """The owner's fingerprint of a message's request; None if there is none."""

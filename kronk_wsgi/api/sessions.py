@@ -51,7 +51,7 @@ def claim_model(model_id: str) -> LoadedModel:
     asked = time.monotonic()
     kronk = state()
     try:
-        model = kronk.pool.get(model_id, kronk.settings.admission_timeout, client_watch(flask.request.environ))
+        model = kronk.pool.claim(model_id, kronk.settings.admission_timeout, client_watch(flask.request.environ))
     except ClientGone:
         rec.outcome = "client_gone"
         raise ApiError(499, "client closed the connection while waiting for the model") from None

@@ -190,7 +190,7 @@ class PromptCache:
                 if state is None:
                     continue
                 with self._lock:
-                    self._keep_in_ram(key, Entry(entry.tokens, state, hashes=entry.hashes, seed=entry.seed))
+                    self._hold_in_ram(key, Entry(entry.tokens, state, hashes=entry.hashes, seed=entry.seed))
                     self._counts.hits += 1
                     self._counts.restored_tokens += shared
                 return shared, entry.tokens, state
@@ -263,7 +263,7 @@ class PromptCache:
         key = _full_key(entry.hashes, tokens)
         with self._lock:
             self._counts.saved += 1
-            self._keep_in_ram(key, entry)
+            self._hold_in_ram(key, entry)
             written = self.disk_dir is not None and len(state) <= self.disk_bytes
             if written:
                 self._unwritten.append((key, entry))
@@ -302,7 +302,7 @@ class PromptCache:
         return (sum(len(e.state) for e in list(self._ram.values())),
                 sum(e.size for e in list(self._disk.values())))
 
-    def _keep_in_ram(self, key: bytes, entry: Entry) -> None:
+    def _hold_in_ram(self, key: bytes, entry: Entry) -> None:
         if len(entry.state) > self.ram_bytes:
             return
         self._ram[key] = entry

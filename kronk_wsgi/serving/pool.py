@@ -243,13 +243,13 @@ class ModelPool:
     @contextlib.contextmanager
     def use(self, model_id: str) -> Iterator[LoadedModel]:
         """The loaded model, kept loaded until the block ends."""
-        model = self.get(model_id)
+        model = self.claim(model_id)
         try:
             yield model
         finally:
             model.unclaim()
 
-    def get(self, model_id: str, wait: float = 0.0, client_gone: Callable[[], bool] = lambda: False) -> LoadedModel:
+    def claim(self, model_id: str, wait: float = 0.0, client_gone: Callable[[], bool] = lambda: False) -> LoadedModel:
         """The loaded model, claimed for the caller (``unclaim()`` it, or hand the claim to a lease).
 
         Concurrent first requests share one load. A model that needs others
@@ -355,7 +355,7 @@ class ModelPool:
         finally:
             del self.loads[model_id]
 
-    def keep(self, model_id: str, seconds: float) -> None:
+    def set_keep_alive(self, model_id: str, seconds: float) -> None:
         """Keep a loaded model for ``seconds`` once unused (negative: until the worker stops; 0: unload it now if
         it is unused, else as soon as its requests end)."""
         model = self._loaded.get(model_id)

@@ -47,10 +47,10 @@ class _Cancel:
     """A flag set by the greenlet and read by the worker thread (a plain attribute: no locks)."""
 
     def __init__(self) -> None:
-        self.set = False
+        self.requested = False
 
     def __call__(self) -> bool:
-        return self.set
+        return self.requested
 
 
 def _drive(job: Job, slot: Slot, model: LoadedModel, cancel: _Cancel, channel: ThreadChannel) -> None:
@@ -134,7 +134,7 @@ class Session:
             worker.rawlink(lambda _: self._worker_done(slot, channel))
             yield from self._relay(slot, channel, cancel)
         finally:
-            cancel.set = True
+            cancel.requested = True
             self._gaps.flush()
             self.stats.completion_tokens = self.job.completion_tokens
             self.stats.cached_tokens = self.job.cached_tokens  # a stream the client left reused them too
@@ -219,7 +219,7 @@ class Session:
                 quiet_since = now
             cut = self._cut(now)
             if cut is not None:
-                cancel.set = True
+                cancel.requested = True
                 yield cut
                 return
             if now - checked >= CLIENT_POLL_SECONDS:

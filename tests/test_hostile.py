@@ -171,7 +171,7 @@ def test_the_catalog_loads_through_the_registry(tiny_model):
 
 def test_a_view_that_fails_after_admission_gives_its_place_back(tiny_model, monkeypatch):
     from kronk_wsgi import create_app
-    from kronk_wsgi.api import openai_chat
+    from kronk_wsgi.api.protocols import openai_chat
 
     def broken(*args, **kwargs):
         raise RuntimeError("the encoder could not be made")

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 import requests
 
-from kronk_wsgi.api import ollama as ollama_api
+from kronk_wsgi.api.protocols import ollama as ollama_api
 from kronk_wsgi.api.errors import ApiError
 from kronk_wsgi.engine.chat_template import fill_in_middle
 from kronk_wsgi.engine.sampling import SamplingParams

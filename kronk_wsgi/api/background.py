@@ -33,7 +33,7 @@ from .response import watched
 from .state import KronkState
 
 if TYPE_CHECKING:
-    from .openai_responses import ResponsesEncoder
+    from .protocols.openai_responses import ResponsesEncoder
 
 log = structlog.get_logger("kronk_wsgi.background")
 

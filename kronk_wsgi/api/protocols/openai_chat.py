@@ -6,17 +6,17 @@ from typing import Iterable, Iterator, Optional
 
 from flask import Blueprint
 
-from ..serving.events import (
+from ...serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
 )
-from ..serving.formats import custom_input
-from .body import parse_body
-from .protocol import Protocol
-from .response import Encoder, respond
-from .schemas import ChatCompletionRequest
-from .sessions import start_generation
-from .sse import DONE, sse
-from .state import record
+from ...serving.formats import custom_input
+from ..body import parse_body
+from ..protocol import Protocol
+from ..response import Encoder, respond
+from ..schemas import ChatCompletionRequest
+from ..sessions import start_generation
+from ..sse import DONE, sse
+from ..state import record
 
 bp = Blueprint("openai_chat", __name__)
 PROTOCOL = Protocol("openai_chat", bp, prefixes=("/v1/chat/",))

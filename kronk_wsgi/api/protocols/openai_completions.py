@@ -9,16 +9,16 @@ import pydantic
 from flask import Blueprint
 from pydantic import Field
 
-from ..serving.events import ChoiceEnd, Event, Finished, Logprobs, TextDelta, TokenLogprob
-from .body import parse_body
+from ...serving.events import ChoiceEnd, Event, Finished, Logprobs, TextDelta, TokenLogprob
+from ..body import parse_body
+from ..planning import GenerationRequest
+from ..protocol import Protocol
+from ..response import respond
+from ..schemas import SamplingFields, StreamOptions, grammar_fields
+from ..sessions import start_generation
+from ..sse import sse
+from ..state import record
 from .openai_chat import FINGERPRINT, OpenAIEncoder, by_choice, token_text, usage_body
-from .planning import GenerationRequest
-from .protocol import Protocol
-from .response import respond
-from .schemas import SamplingFields, StreamOptions, grammar_fields
-from .sessions import start_generation
-from .sse import sse
-from .state import record
 
 bp = Blueprint("openai_completions", __name__)
 PROTOCOL = Protocol("openai_completions", bp, prefixes=("/v1/completions",))

@@ -3,12 +3,12 @@
 from pathlib import Path
 
 from flask import Blueprint, redirect, request, send_from_directory
-from .protocol import Protocol
+from ..protocol import Protocol
 
 bp = Blueprint("console", __name__)
 PROTOCOL = Protocol("console", bp, prefixes=("/console",), needs_key=False)  # it asks for a key itself
 
-PAGES = Path(__file__).resolve().parent.parent / "console"
+PAGES = Path(__file__).resolve().parents[2] / "console"
 
 
 @bp.get("/console")

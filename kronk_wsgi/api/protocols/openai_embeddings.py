@@ -8,11 +8,11 @@ import pydantic
 from flask import Blueprint, jsonify
 from pydantic import Field
 
-from .body import parse_body
-from .protocol import Protocol
-from .response import run_to_end
-from .schemas import Strict
-from .sessions import start_embedding
+from ..body import parse_body
+from ..protocol import Protocol
+from ..response import run_to_end
+from ..schemas import Strict
+from ..sessions import start_embedding
 
 bp = Blueprint("openai_embeddings", __name__)
 PROTOCOL = Protocol("openai_embeddings", bp, prefixes=("/v1/embeddings",))

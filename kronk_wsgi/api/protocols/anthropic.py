@@ -11,19 +11,19 @@ from flask import Blueprint, Response, jsonify
 import pydantic
 from pydantic import Discriminator, Field, Tag
 
-from ..engine.sampling import SamplingParams
-from ..serving.events import (
+from ...engine.sampling import SamplingParams
+from ...serving.events import (
     ChoiceEnd, Event, Failed, Finished, PromptCached, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
-from .body import parse_body
-from .cache_diagnostics import diagnose
-from .planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
-from .protocol import Framing, Protocol
-from .response import Encoder, respond
-from .schemas import FunctionName, Strict, template_tool, template_tool_call, template_variables
-from .sessions import start_generation, use_model
-from .sse import sse
-from .state import RequestRecord, record
+from ..body import parse_body
+from ..cache_diagnostics import diagnose
+from ..planning import GenerationRequest, ReplyFormat, ToolUse, render_chat
+from ..protocol import Framing, Protocol
+from ..response import Encoder, respond
+from ..schemas import FunctionName, Strict, template_tool, template_tool_call, template_variables
+from ..sessions import start_generation, use_model
+from ..sse import sse
+from ..state import RequestRecord, record
 
 bp = Blueprint("anthropic", __name__)
 

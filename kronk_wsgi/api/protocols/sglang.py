@@ -9,13 +9,13 @@ from typing import Optional
 
 from flask import Blueprint, jsonify
 
-from ..catalog import local_file
-from ..config import ModelSpec
-from ..describe import summary
-from ..serving import offload
-from .protocol import Protocol
+from ...catalog import local_file
+from ...config import ModelSpec
+from ...describe import summary
+from ...serving import offload
+from ..protocol import Protocol
+from ..state import state
 from .service import readiness_status
-from .state import state
 
 bp = Blueprint("sglang", __name__)
 PROTOCOL = Protocol("sglang", bp, prefixes=("/health", "/server_info", "/get_server_info", "/model_info",

@@ -6,12 +6,12 @@ import pydantic
 from flask import Blueprint, jsonify
 from pydantic import Field
 
-from .body import parse_body
-from .errors import invalid
-from .planning import render_chat
-from .protocol import Protocol
-from .schemas import ChatMessage, ChatTool, Strict, template_tool
-from .sessions import use_model
+from ..body import parse_body
+from ..errors import invalid
+from ..planning import render_chat
+from ..protocol import Protocol
+from ..schemas import ChatMessage, ChatTool, Strict, template_tool
+from ..sessions import use_model
 
 bp = Blueprint("tokens", __name__)
 PROTOCOL = Protocol("tokens", bp, prefixes=("/v1/tokenize", "/v1/detokenize"))

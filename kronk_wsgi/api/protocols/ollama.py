@@ -21,30 +21,30 @@ import gevent
 import pydantic
 from flask import Blueprint, Response, jsonify
 
-from .. import __version__, hub
-from ..catalog import local_file
-from ..config import ModelSpec, cache_dir
-from ..describe import ModelFacts, model_facts
-from ..engine.chat_template import fill_in_middle
-from ..engine.gguf_file import BadModelFile
-from ..engine.sampling import SamplingParams
-from ..model_registry import ModelRegistry, canonical_name, hub_source, tag_of
-from ..serving import offload
-from ..serving.events import ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall
-from ..serving.reasoning import reasons
-from ..serving.session import GenerationStats
-from . import pulling
-from .body import parse_body
-from .client import client_watch
-from .errors import ApiError, invalid
+from ... import __version__, hub
+from ...catalog import local_file
+from ...config import ModelSpec, cache_dir
+from ...describe import ModelFacts, model_facts
+from ...engine.chat_template import fill_in_middle
+from ...engine.gguf_file import BadModelFile
+from ...engine.sampling import SamplingParams
+from ...model_registry import ModelRegistry, canonical_name, hub_source, tag_of
+from ...serving import offload
+from ...serving.events import ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall
+from ...serving.reasoning import reasons
+from ...serving.session import GenerationStats
+from .. import pulling
+from ..body import parse_body
+from ..client import client_watch
+from ..errors import ApiError, invalid
+from ..planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from ..protocol import Framing, Protocol
+from ..response import Encoder, respond, run_to_end
+from ..schemas import FunctionDefinition, Strict, template_tool, template_tool_call, template_variables
+from ..sessions import start_embedding, start_generation, use_model
+from ..sse import compact_json
+from ..state import record, state
 from .openai_chat import by_choice, token_text
-from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
-from .protocol import Framing, Protocol
-from .response import Encoder, respond, run_to_end
-from .schemas import FunctionDefinition, Strict, template_tool, template_tool_call, template_variables
-from .sessions import start_embedding, start_generation, use_model
-from .sse import compact_json
-from .state import record, state
 
 # A line every Ollama client reads as "nothing new yet": a reply's delta with no text.
 KEEPALIVE = '{"message":{"role":"assistant","content":""},"response":"","done":false}\n'

@@ -13,27 +13,27 @@ import structlog
 from flask import Blueprint, jsonify
 from pydantic import Discriminator, Field, Tag
 
-from ..engine.sampling import SamplingParams
-from ..serving import offload
-from ..serving.events import (
+from ...engine.sampling import SamplingParams
+from ...serving import offload
+from ...serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
 )
-from ..serving.formats import custom_arguments, custom_input
-from .background import UNFINISHED, BackgroundRun, resumed
-from .body import parse_body
-from .errors import ApiError, invalid
-from .openai_chat import logprob_content
-from .planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
-from .protocol import Protocol
-from .response import Encoder, respond, watched
-from .schemas import (
+from ...serving.formats import custom_arguments, custom_input
+from ..background import UNFINISHED, BackgroundRun, resumed
+from ..body import parse_body
+from ..errors import ApiError, invalid
+from ..planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from ..protocol import Protocol
+from ..response import Encoder, respond, watched
+from ..schemas import (
     CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
     ServiceTier, Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
     template_variables,
 )
-from .sessions import start_generation, start_later
-from .sse import sse
-from .state import record, state
+from ..sessions import start_generation, start_later
+from ..sse import sse
+from ..state import record, state
+from .openai_chat import logprob_content
 
 bp = Blueprint("openai_responses", __name__)
 PROTOCOL = Protocol("openai_responses", bp, prefixes=("/v1/responses",))

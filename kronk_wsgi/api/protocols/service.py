@@ -7,11 +7,11 @@ import gevent
 from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .. import __version__
-from ..serving import offload
-from .protocol import Protocol
-from .sessions import known_model
-from .state import state
+from ... import __version__
+from ...serving import offload
+from ..protocol import Protocol
+from ..sessions import known_model
+from ..state import state
 
 bp = Blueprint("service", __name__)
 PROTOCOL = Protocol("service", bp, prefixes=("/v1/models", "/v1/liveness", "/v1/readiness", "/metrics"),

@@ -8,7 +8,7 @@ from . import (
     admin, anthropic, console, ollama, openai_chat, openai_completions, openai_embeddings, openai_responses, service, sglang,
     tokens,
 )
-from .protocol import Protocols
+from ..protocol import Protocols
 
 PROTOCOLS = Protocols([
     service.PROTOCOL,

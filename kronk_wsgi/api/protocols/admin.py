@@ -11,16 +11,16 @@ from typing import Iterator, Optional
 import pydantic
 from flask import Blueprint, jsonify, request
 
-from .. import hub
-from ..serving.formats import tool_rendering
-from . import pulling
-from .body import parse_body
-from .client import client_watch
-from .errors import ApiError
-from .protocol import Protocol
-from .schemas import Strict
-from .sse import sse
-from .state import state
+from ... import hub
+from ...serving.formats import tool_rendering
+from .. import pulling
+from ..body import parse_body
+from ..client import client_watch
+from ..errors import ApiError
+from ..protocol import Protocol
+from ..schemas import Strict
+from ..sse import sse
+from ..state import state
 
 bp = Blueprint("admin", __name__)
 PROTOCOL = Protocol("admin", bp, prefixes=("/admin/",), admin_paths=("/admin/",), unknown_below=("/admin/",))

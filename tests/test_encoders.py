@@ -6,7 +6,8 @@ import time
 import pytest
 
 from kronk_wsgi.api.protocols.anthropic import MessagesEncoder
-from kronk_wsgi.api.protocols.ollama import KEEPALIVE as OLLAMA_KEEPALIVE, OllamaEncoder
+from kronk_wsgi.api.protocols.ollama.encoder import OllamaEncoder
+from kronk_wsgi.api.protocols.ollama.protocol import KEEPALIVE as OLLAMA_KEEPALIVE
 from kronk_wsgi.api.protocols.openai_chat import ChatEncoder
 from kronk_wsgi.api.protocols.openai_completions import CompletionEncoder
 from kronk_wsgi.api.protocols.openai_responses import ResponsesEncoder

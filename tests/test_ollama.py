@@ -13,7 +13,7 @@ import pydantic
 import pytest
 import requests
 
-from kronk_wsgi.api.protocols import ollama as ollama_api
+from kronk_wsgi.api.protocols.ollama import schemas as ollama_schemas, views as ollama_views
 from kronk_wsgi.api.errors import ApiError
 from kronk_wsgi.engine.chat_template import fill_in_middle
 from kronk_wsgi.engine.sampling import SamplingParams
@@ -326,27 +326,27 @@ def test_an_engine_failure_after_the_first_line_is_one_more_line(failing):
     ("1.5s", 1.5), ("300ms", 0.3), ("-1m", -60.0), ("24h", 86400.0),
 ])
 def test_keep_alive_durations(given, seconds):
-    assert ollama_api.keep_alive_seconds(given) == seconds
+    assert ollama_views.keep_alive_seconds(given) == seconds
 
 
 @pytest.mark.parametrize("given", ["soon", "5 minutes", "m5", "", "1d"])
 def test_keep_alive_that_is_no_duration_is_a_400(given):
     with pytest.raises(ApiError) as caught:
-        ollama_api.keep_alive_seconds(given)
+        ollama_views.keep_alive_seconds(given)
     assert caught.value.status == 400 and caught.value.param == "keep_alive"
 
 
 def test_options_take_ollamas_defaults_and_names():
-    assert ollama_api.sampling(ollama_api.Options()) == SamplingParams(
+    assert ollama_views.sampling(ollama_schemas.Options()) == SamplingParams(
         temperature=0.8, top_p=0.9, top_k=40, repetition_penalty=1.1, repetition_window=64)
-    given = ollama_api.sampling(ollama_api.Options(temperature=0, top_k=0, repeat_last_n=0, repeat_penalty=1.0,
+    given = ollama_views.sampling(ollama_schemas.Options(temperature=0, top_k=0, repeat_last_n=0, repeat_penalty=1.0,
                                                    seed=3, min_p=0.05))
     assert (given.temperature, given.top_k, given.repetition_window, given.seed, given.min_p) == (0, 0, 0, 3, 0.05)
-    assert ollama_api.sampling(ollama_api.Options(repeat_last_n=-1)).repetition_window > 10**6
+    assert ollama_views.sampling(ollama_schemas.Options(repeat_last_n=-1)).repetition_window > 10**6
     for field, value in (("mirostat", 1), ("typical_p", 0.5), ("tfs_z", 0.9), ("num_predict", 0)):
         with pytest.raises(pydantic.ValidationError):
-            ollama_api.Options(**{field: value})
-    ollama_api.Options(mirostat=0, typical_p=1.0, tfs_z=1, num_predict=-2, num_gpu=99, num_thread=8)
+            ollama_schemas.Options(**{field: value})
+    ollama_schemas.Options(mirostat=0, typical_p=1.0, tfs_z=1, num_predict=-2, num_gpu=99, num_thread=8)
 
 
 def test_fill_in_the_middle_markers():

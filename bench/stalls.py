@@ -95,7 +95,21 @@ def probes(url: str, host: str, port: int, store: Path) -> dict[str, Callable[[]
         for i in range(3):
             _post(url, {"model": "cached", "messages": [{"role": "user", "content": LONG + str(i)}], "max_tokens": 2})
 
+    def long_line() -> None:  # scheduler issue: 40 requests at once in one model's line
+        threads = [threading.Thread(target=_post, args=(url, {"model": "fast", "messages": HI, "max_tokens": 50,
+                                                              "logit_bias": {"2": -100}})) for _ in range(40)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def background_flood() -> None:  # scheduler issue: 300 background responses from one key (16 are taken)
+        for _ in range(300):
+            requests.post(url + "/v1/responses", json={"model": "fast", "input": "hi", "max_output_tokens": 20,
+                                                       "background": True}, timeout=300)
+
     return {"quiet (baseline)": lambda: time.sleep(5), "1.4 MB of schema patterns": patterns,
+            "40 requests at once in one line": long_line, "300 background responses": background_flood,
             "GBNF grammars of 1,000 and 4,000 rules": grammars, "untrustworthy prompt-cache files": cache_files,
             "9,000 prefixItems, 6,000 properties": large_schemas, "n=16 x 2,000 tokens, top_logprobs 20": many_logprobs,
             "a client that never reads 8 MB": never_reads, "the Responses store locked": locked_store}

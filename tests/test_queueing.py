@@ -11,6 +11,7 @@ import requests
 from kronk_wsgi.testing.rawhttp import RawStream
 
 from .conftest import faulty_env, metric, run_server
+from .test_background import poll
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -19,16 +20,6 @@ HELLO = [{"role": "user", "content": "Hello there"}]
 
 def chat(server, **body) -> requests.Response:
     return server.post(CHAT, {"model": "tiny", "messages": HELLO, "max_tokens": 2, **body}, timeout=120)
-
-
-def poll(server, response_id: str, until, deadline: float = 60) -> dict:
-    end = time.monotonic() + deadline
-    while True:
-        response = requests.get(f"{server.url}{RESPONSES}/{response_id}", timeout=30).json()
-        if until(response):
-            return response
-        assert time.monotonic() < end, response
-        time.sleep(0.1)
 
 
 def test_requests_on_one_slot_end_in_the_order_they_came(tiny_model, tmp_path):

@@ -418,7 +418,9 @@ def test_a_shared_prefix_is_saved_where_conversations_part_and_at_a_breakpoint(s
     (fresh,) = plain.new_slots(1, 2)
     tokenizer = engine.tokenizer
     system = tokenizer.prompt("You answer questions about lighthouses, briefly and kindly. " * 12)
-    first = system + tokenizer.encode(" Who kept the northern light?")
+    # The first conversation goes on well past what the two share: the shared prefix is worth an entry of its own.
+    first = system + tokenizer.encode(" Who kept the northern light, for how many winters, and what did they write"
+                                      " in the log on the nights the fog came in from the sea?")
     greedy(slot, first, 4)
     slot.keep_state()  # as a session does once the answer is out
     second = system + tokenizer.encode(" How tall was the southern tower?")
@@ -441,6 +443,21 @@ def test_a_shared_prefix_is_saved_where_conversations_part_and_at_a_breakpoint(s
     assert int(np.argmax(slot.logits())) == greedy(fresh, document, 1)[0][0]  # the save changed nothing
     slot.prefill(document + tokenizer.encode(" Bake it."), save_at=[10_000])  # at the end: saved with the answer
     assert slot.cache_written == len(tokenizer.encode(" Bake it."))
+
+
+@needs_llamacpp
+def test_a_next_turn_parting_near_the_end_of_the_last_one_saves_nothing_before_its_first_token(smollm2, tmp_path):
+    engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=1024)
+    (slot,) = engine.new_slots(1, 2)
+    cache = slot.state_cache = PromptCache(engine.state_identity(), 100 * MB, tmp_path, 100 * MB)
+    tokenizer = engine.tokenizer
+    turn = tokenizer.prompt("Notes on bread: flour, water, salt and time. " * 20)
+    greedy(slot, turn + tokenizer.encode(" Summarize."), 4)
+    slot.keep_state()  # the last turn and its answer
+    assert cache.take_counts().saved == 1
+    _, _, reused = greedy(slot, turn + tokenizer.encode(" Summarize, and more."), 4)
+    assert reused >= len(turn) and slot.cache_written == 0
+    assert cache.take_counts().saved == 0  # the saved turn serves that prefix: no second copy of nearly all of it
 
 
 @needs_llamacpp

@@ -117,9 +117,16 @@ class Slot(abc.ABC):
         del self.cached[keep:]
         if cache is not None and len(tokens) >= MIN_TOKENS and any(p >= len(tokens) for p in save_at):
             self.cache_written = len(tokens) - keep  # the whole prompt: saved with its answer (Session does)
-        new = [p for p in self._saves if not cache.holds(tokens[:p], self.scope)]
-        if new:
-            self.cache_written = max(self.cache_written, new[-1] - keep)
+        # A point a saved state serves already is not saved again: one that holds that very prefix, or (in a cache
+        # that can be cut back) one that goes on past it by an eighth of it at most, such as the last turn's prompt
+        # and answer where the next turn parts from them (saving nearly the same state again cost that turn 30-40
+        # ms before its first new token, and as much memory again). Where a longer conversation goes on past it
+        # (a system prompt others will share), the prefix is saved: restoring it is the smaller copy.
+        saved = (lambda p: cache.holds(tokens[:p], self.scope)) if self.sliding_window else (
+            lambda p: cache.covers(tokens[:p], self.scope, within=p // 8))
+        self._saves = [p for p in self._saves if not saved(p)]
+        if self._saves:
+            self.cache_written = max(self.cache_written, self._saves[-1] - keep)
         return keep
 
     def evaluate(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False,

@@ -228,6 +228,18 @@ class PromptCache:
         with self._lock:
             return key in self._ram or (key in self._disk and not self._disk[key].pending)
 
+    def covers(self, tokens: Sequence[int], scope: str = "", within: int = 0) -> bool:
+        """Whether a saved state (not an announced one) holds these tokens, or continues them by at most
+        ``within`` tokens, in ``scope``: an engine that can cut a restored sequence back serves them from it."""
+        hashes = block_hashes(tokens, scope_seed(scope))
+        if not hashes:
+            return False
+        with self._lock:
+            found = [tier[key] for index, tier in ((self._index, self._ram), (self._disk_index, self._disk))
+                     for key in index.get(hashes[-1], ()) if key in tier and not tier[key].pending]
+        return any(len(tokens) <= len(e.tokens) <= len(tokens) + within and shared_prefix(tokens, e.tokens) == len(tokens)
+                   for e in found)
+
     def key_branch(self, key: str, tokens: Sequence[int], scope: str = "") -> int:
         """Where ``tokens`` leave the last prompt sent with the same cache key (a client's prompt_cache_key) in
         ``scope``, at a block boundary; 0 if they continue it or share no block with it. Requests that share a key

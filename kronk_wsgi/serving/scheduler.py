@@ -77,6 +77,8 @@ class Scheduler:
         self.slot_count = len(slots)
         self.states: dict[Slot, str] = {slot: "idle" for slot in slots}
         self._free = list(slots)  # the slot given back longest ago first
+        self.idle = gevent.event.Event()  # set while no slot is held
+        self.idle.set()
         self._place_line: collections.deque[_Ticket] = collections.deque()
         self._slot_line: list[_Ticket] = []
         self._report()
@@ -166,6 +168,8 @@ class Scheduler:
         self.states[slot] = "idle"
         self._free.append(slot)
         self._serve()
+        if len(self._free) == self.slot_count:
+            self.idle.set()
         self._report()
 
     def close(self) -> None:
@@ -191,6 +195,7 @@ class Scheduler:
             if best in saving:
                 continue  # its conversation's slot is still saving after its answer: it waits for that one
             self._free.remove(best)
+            self.idle.clear()
             self.states[best] = "prefilling"
             self._slot_line.remove(ticket)
             ticket.slot = best

@@ -58,12 +58,15 @@ class Worker(GeventWorker):
     def run(self) -> None:
         super().run()  # until the requests are done, or the graceful timeout
         kronk = getattr(self.wsgi, "extensions", {}).get("kronk")
-        if kronk is not None and kronk.background:
+        if kronk is None:
+            return
+        if kronk.background:
             from .api.background import wait_for_runs
 
             # Their sessions end at the drain's deadline, as streams do: then they are stored, or cut.
             deadline = kronk.pool.drain.deadline or time.monotonic()
             wait_for_runs(kronk, max(0.0, deadline - time.monotonic()) + BACKGROUND_GRACE_SECONDS)
+        kronk.pool.write_now()  # the last answers' prompt-cache entries, for the next start
 
     def handle_abort(self, sig, frame) -> None:
         self._log_cut("worker_aborted")  # gunicorn's timeout: the event loop was blocked past it

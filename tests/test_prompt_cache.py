@@ -283,6 +283,21 @@ def test_a_returning_conversation_is_served_from_the_cache_after_a_restart(smoll
 
 
 @needs_llamacpp
+def test_a_worker_stopped_right_after_an_answer_writes_its_entry_first(smollm2, tmp_path):
+    models = '{"smol": {"path": "%s", "engine": "llama.cpp", "context_length": 2048}}' % smollm2
+    env = {"KRONK_MODELS": models, "KRONK_PARALLEL": 1, "KRONK_THREADS": 2,
+           "KRONK_PROMPT_CACHE_DIR": str(tmp_path / "prompt-cache")}
+    ask = [{"role": "user", "content": "The history of the lighthouse keepers of the northern coast. " * 30}]
+    with run_server(tmp_path, env) as server:
+        first = server.post("/v1/chat/completions", {"model": "smol", "messages": ask, "max_tokens": 4}).json()
+        assert server.stop(graceful=True) == 0  # at once: the entry's disk write was still waiting for its time
+    with run_server(tmp_path, env) as server:
+        again = server.post("/v1/chat/completions", {"model": "smol", "messages": ask, "max_tokens": 4}).json()
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= first["usage"]["prompt_tokens"] - 1, again["usage"]
+
+
+@needs_llamacpp
 def test_two_workers_serve_each_others_conversations_from_the_disk_tier(smollm2, tmp_path):
     models = '{"smol": {"path": "%s", "engine": "llama.cpp", "context_length": 2048}}' % smollm2
     env = {"KRONK_MODELS": models, "KRONK_WORKERS": 2, "KRONK_PARALLEL": 1, "KRONK_THREADS": 1,

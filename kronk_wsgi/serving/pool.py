@@ -148,6 +148,7 @@ class LoadedModel:
         self._disk_writer = ThreadPool(1)  # prompt-cache disk writes, after the slot that saved is given back
         self.scheduler = Scheduler(model_id, slots, places, max_waiting, metrics)
         self.disk_write_grace = disk_write_grace  # seconds a disk write leaves a next turn to arrive
+        self._write_due: Optional[gevent.Greenlet] = None  # a disk write waiting for its time
 
     def file_changed(self) -> bool:
         """Whether the model's file was replaced or rewritten since the load: its memory map may read garbage or
@@ -157,8 +158,8 @@ class LoadedModel:
     def give_back(self, slot: Slot) -> None:
         """Free the slot for the next request in line; then write to disk the states its work saved in RAM."""
         self.scheduler.give_back(slot)
-        if self.prompt_cache is not None:
-            gevent.spawn(self._write_when_idle)
+        if self.prompt_cache is not None and self._write_due is None:
+            self._write_due = gevent.spawn(self._write_when_idle)
 
     def _write_when_idle(self) -> None:
         """Write the saved states to disk once no slot is busy (after ``disk_write_grace``, in which a next turn
@@ -166,7 +167,15 @@ class LoadedModel:
         megabytes beside a next turn slowed its first token (0.22-0.29 s, 0.10-0.14 with the write later)."""
         gevent.sleep(self.disk_write_grace)
         self.scheduler.idle.wait(DISK_WRITE_DELAY)
+        self._write_due = None
         self._disk_writer.spawn(self.prompt_cache.write_deferred)
+
+    def write_now(self) -> None:
+        """Write the saved states a disk write is waiting to write, now (the model goes, or the worker stops)."""
+        if self._write_due is not None:
+            self._write_due.kill()
+            self._write_due = None
+            offload.call(self._disk_writer, self.prompt_cache.write_deferred)
 
     def claim(self) -> None:
         self.users += 1
@@ -198,7 +207,8 @@ class LoadedModel:
         metrics.prompt_cache_disk_bytes.labels(self.id).set(counts.disk_bytes)
 
     def close(self) -> None:
-        """Stop the model's threads and free its engine."""
+        """Write what waits to be written; stop the model's threads and free its engine."""
+        self.write_now()
         self.scheduler.close()
         self.slot_threads.kill()
         self.prep.kill()
@@ -251,6 +261,11 @@ class ModelPool:
 
     def loaded(self) -> list[LoadedModel]:
         return list(self._loaded.values())
+
+    def write_now(self) -> None:
+        """Write every loaded model's saved states that wait for a disk write (the worker stops)."""
+        for model in self.loaded():
+            model.write_now()
 
     @contextlib.contextmanager
     def use(self, model_id: str) -> Iterator[LoadedModel]:

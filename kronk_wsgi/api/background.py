@@ -84,9 +84,9 @@ class BackgroundRun:
 
     def start(self, admit: Callable[[Callable[[], bool]], Session], encoder: "ResponsesEncoder",
               store_response: Callable[[dict], None], stream: bool) -> Response:
-        """Say in the store that this worker runs the response, store it as queued (``store_response`` stores the response
-        object as it goes), run it in a greenlet, and answer the POST: the queued response, or the stream of its
-        events."""
+        """Say in the store that this worker runs the response, store it as queued (``store_response`` stores the
+        response object as it goes), run it in a greenlet, and answer the POST: the queued response, or the stream
+        of its events."""
         kronk = self.kronk
         self.store_response = store_response
         offload.call(kronk.store_thread, kronk.responses.run_started, self.response_id, worker_id())

@@ -275,6 +275,7 @@ def test_a_returning_conversation_is_served_from_the_cache_after_a_restart(smoll
         while metric(server, "kronk_prompt_cache_events_total", model="smol", event="hits") < 1:
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        assert server.stop(graceful=True) == 0  # a restart: the disk writes still waiting are done first
     with run_server(tmp_path, env) as server:  # a new server: RAM is gone, the disk tier is not
         client = OpenAI(base_url=server.url + "/v1", api_key="unused")
         again = client.chat.completions.create(model="smol", messages=turn, max_tokens=4, temperature=0)

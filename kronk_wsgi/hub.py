@@ -30,6 +30,21 @@ class HubError(RuntimeError):
     """A pull, lookup or removal that cannot be done; the message says why."""
 
 
+@dataclasses.dataclass
+class Download:
+    """A download's progress, and why it must stop: ``stop`` is set by the event loop, and the downloading thread
+    raises at its next piece (``progress``, handed to ``pull``)."""
+
+    done: int = 0
+    total: Optional[int] = None
+    stop: Optional[str] = None
+
+    def progress(self, done: int, total: Optional[int]) -> None:
+        if self.stop is not None:
+            raise HubError(self.stop)
+        self.done, self.total = done, total
+
+
 @dataclasses.dataclass(frozen=True)
 class CachedFile:
     """A GGUF file in the hub's cache."""

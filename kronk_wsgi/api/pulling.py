@@ -54,11 +54,10 @@ def pull(repo_id: str, filename: str, revision: Optional[str], keepalive: float,
     """Start downloading; its news until it ends with ``Pulled`` or ``PullFailed``. The download stops when the
     news is no longer read (its client left), or after ``timeout`` seconds."""
     channel = ThreadChannel()
-    stop: list[str] = []  # why the download must stop: appended on the event loop, read by the thread
+    downloading = hub.Download()
 
     def progress(done: int, total: Optional[int]) -> None:
-        if stop:
-            raise hub.HubError(stop[0])
+        downloading.progress(done, total)
         channel.put(Progress(done, total))
 
     def download() -> None:
@@ -70,11 +69,11 @@ def pull(repo_id: str, filename: str, revision: Optional[str], keepalive: float,
 
     worker = gevent.get_hub().threadpool.spawn(download)
     worker.rawlink(lambda _: channel.close())
-    return _news(channel, keepalive, timeout, client_gone, stop)
+    return _news(channel, keepalive, timeout, client_gone, downloading)
 
 
 def _news(channel: ThreadChannel, keepalive: float, timeout: float, client_gone: Callable[[], bool],
-          stop: list[str]) -> Iterator[News]:
+          download: hub.Download) -> Iterator[News]:
     sent = quiet_since = time.monotonic()
     deadline = sent + timeout
     ended = False
@@ -89,7 +88,7 @@ def _news(channel: ThreadChannel, keepalive: float, timeout: float, client_gone:
                 return
             if now >= deadline:
                 ended = True
-                stop.append("the pull took longer than load_timeout")
+                download.stop = "the pull took longer than load_timeout"
                 yield PullFailed(f"the pull took longer than load_timeout ({timeout:g} s); what it "
                                  "fetched is kept, and the next pull goes on from there")
                 return
@@ -105,4 +104,4 @@ def _news(channel: ThreadChannel, keepalive: float, timeout: float, client_gone:
                 yield items[-1]
     finally:
         if not ended:
-            stop.append("its client left")
+            download.stop = "its client left"

@@ -10,7 +10,6 @@ model), and, least recently used first, when another model needs room under
 """
 
 import contextlib
-import dataclasses
 import re
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import gevent.event
 import structlog
 from gevent.threadpool import ThreadPool
 
+from .. import hub
 from ..catalog import Progress, check_engine_options, load_engine, local_file
 from ..config import ConfigError, ModelSpec, Settings
 from ..describe import footprint
@@ -68,22 +68,6 @@ class _InUse(Exception):
 
 class NeverFits(RuntimeError):
     """The model alone is larger than the memory budget."""
-
-
-@dataclasses.dataclass
-class Loading:
-    """A load under way: what its download has fetched, and why it must stop (set on the event loop, read by the
-    loading thread at its next piece of the download)."""
-
-    done: int = 0
-    total: Optional[int] = None
-    stop: Optional[str] = None
-
-    def progress(self, done: int, total: Optional[int]) -> None:
-        """Called by the loading thread as bytes arrive; raises to stop the download."""
-        if self.stop is not None:
-            raise EngineError(self.stop)
-        self.done, self.total = done, total
 
 
 class Lease:
@@ -247,7 +231,7 @@ class ModelPool:
         self.drain = Drain()
         self._loaded: dict[str, LoadedModel] = {}
         self._loading: dict[str, gevent.event.AsyncResult] = {}
-        self.loads: dict[str, Loading] = {}  # the loads under way, with their downloads' progress
+        self.loads: dict[str, hub.Download] = {}  # the loads under way, with their downloads' progress
         self._waiting: dict[str, int] = {}  # requests waiting for a model's load, beside the one loading it
         self._loading_memory: dict[str, int] = {}  # what each model being loaded will take, once room is made
         self.load_errors: dict[str, str] = {}
@@ -366,7 +350,7 @@ class ModelPool:
                   ) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
         """Load in a worker thread; stop its download after ``load_timeout``, or once every request waiting for
         it has gone."""
-        loading = self.loads[model_id] = Loading()
+        loading = self.loads[model_id] = hub.Download()
         timeout = self.settings.load_timeout
         deadline = time.monotonic() + timeout
         try:

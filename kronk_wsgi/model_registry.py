@@ -4,7 +4,7 @@ its one canonical name ``hf.co/{owner}/{repo}:{tag}``.
 The configuration is read, never written. What was pulled is the hub's cache on
 disk, which every worker shares and a restart keeps: a worker finds a pulled
 model by looking there (``find``, from a worker thread) and remembers it, so
-every worker answers for the same names. Reads (``get``, ``ids``) take no lock:
+every worker answers for the same names. Reads (``get``, ``models``) take no lock:
 a writer replaces the mapping of pulled models whole, under a lock of its own.
 """
 
@@ -60,10 +60,6 @@ class ModelRegistry:
 
     def __contains__(self, model_id: str) -> bool:
         return self.get(model_id) is not None
-
-    def ids(self) -> list[str]:
-        """The configured models, then the pulled ones found so far."""
-        return [*self.configured, *self._pulled]
 
     def models(self) -> dict[str, ModelSpec]:
         """Every model known now, configured first (a copy)."""

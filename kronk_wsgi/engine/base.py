@@ -122,9 +122,8 @@ class Slot(abc.ABC):
         # and answer where the next turn parts from them (saving nearly the same state again cost that turn 30-40
         # ms before its first new token, and as much memory again). Where a longer conversation goes on past it
         # (a system prompt others will share), the prefix is saved: restoring it is the smaller copy.
-        saved = (lambda p: cache.holds(tokens[:p], self.scope)) if self.sliding_window else (
-            lambda p: cache.covers(tokens[:p], self.scope, within=p // 8))
-        self._saves = [p for p in self._saves if not saved(p)]
+        self._saves = [p for p in self._saves
+                       if not cache.covers(tokens[:p], self.scope, within=0 if self.sliding_window else p // 8)]
         if self._saves:
             self.cache_written = max(self.cache_written, self._saves[-1] - keep)
         return keep

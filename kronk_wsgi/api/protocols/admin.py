@@ -65,7 +65,7 @@ def models():
     settings = state().settings
     budget = {"max_loaded_models": settings.max_loaded_models, "max_memory_mb": settings.max_memory_mb,
               "idle_unload_seconds": settings.idle_unload_seconds}
-    return jsonify({"object": "list", "data": [_model_row(m) for m in state().models.ids()], "budget": budget})
+    return jsonify({"object": "list", "data": [_model_row(m) for m in state().models.models()], "budget": budget})
 
 
 @bp.post("/admin/models/<path:model_id>/unload")

@@ -111,6 +111,7 @@ class GenerationRequest:
     max_tokens: Optional[int] = None
     max_tokens_param: str = "max_tokens"
     top_logprobs: Optional[int] = None
+    token_ids: bool = False  # each generated token's id is reported (TokenIds)
     not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run (said, not hidden)
     ignore_eos: bool = False  # the reply goes on past end tokens, to max_tokens (SGLang's and vLLM's field)
     context: Optional[int] = None  # a smaller context window than the model's, prompt and reply (Ollama's num_ctx)
@@ -202,14 +203,15 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     context = _context(model, request)
     token_lists = [_prompt_tokens(model, context, text, after_prompt, request) for text in texts]
     room = context - max(map(len, token_lists))
+    limit = room if request.max_tokens is None else min(request.max_tokens, room)  # clamped, as llama-server does
     decode = DecodeOptions(
         end_ids=frozenset() if request.ignore_eos else model.end_ids,
         end_texts=() if request.ignore_eos else model.end_texts,
-        max_tokens=min(request.max_tokens or room, room),  # clamped to what fits, as llama-server and Ollama do
+        max_tokens=limit,
         sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),
         grammar=_grammar(model, grammar_text, request), constrain_after=grammar_after,
         thinking_close=reading.reasoning.close if reading.inside_thinking else "",
-        thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs,
+        thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs, token_ids=request.token_ids,
     )
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
     return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at, request.cache_scope)

@@ -24,8 +24,8 @@ from flask import Response
 
 from ..serving import offload
 from ..serving.events import (
-    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta, TokenLogprob,
-    ToolCall, coalesce,
+    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta, TokenIds,
+    TokenLogprob, ToolCall, coalesce,
 )
 from ..serving.session import Session
 from .errors import ApiError
@@ -88,6 +88,7 @@ class Encoder(abc.ABC):
 
     def __init__(self) -> None:
         self._held_logprobs: dict[int, list[TokenLogprob]] = {}
+        self._held_ids: dict[int, list[int]] = {}
 
     @abc.abstractmethod
     def start(self) -> Iterator[str]:
@@ -109,6 +110,15 @@ class Encoder(abc.ABC):
     def take_logprobs(self, index: int = 0) -> list[TokenLogprob]:
         """The log probabilities held for a choice, since the last take."""
         return self._held_logprobs.pop(index, [])
+
+    def token_ids(self, event: TokenIds) -> Iterator[str]:
+        """No frames: token ids are held, per choice, for the frames of the text they belong to."""
+        self._held_ids.setdefault(event.index, []).extend(event.ids)
+        return iter(())
+
+    def take_token_ids(self, index: int = 0) -> list[int]:
+        """The token ids held for a choice, since the last take."""
+        return self._held_ids.pop(index, [])
 
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         """Frames for a tool call (only protocols that take tools get one)."""
@@ -146,7 +156,8 @@ class Encoder(abc.ABC):
         if started:
             yield from self.start()
         writers = {
-            TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, ToolCall: self.tool_call,
+            TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, TokenIds: self.token_ids,
+            ToolCall: self.tool_call,
             ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
         }
         for event in events:

@@ -91,7 +91,7 @@ class DecodeOptions:
     thinking). A reply that starts inside a thinking block ended by
     ``thinking_close`` is made to close it after ``thinking_budget`` tokens:
     the tag's tokens are forced then. With ``top_logprobs`` (0 or more), each
-    sampled token is reported with its log probability.
+    sampled token is reported with its log probability; with ``token_ids``, each generated token's id.
     """
 
     end_ids: frozenset[int]
@@ -105,6 +105,7 @@ class DecodeOptions:
     thinking_close: str = ""
     thinking_budget: Optional[int] = None
     top_logprobs: Optional[int] = None
+    token_ids: bool = False
 
 
 class Generation:
@@ -112,7 +113,8 @@ class Generation:
 
     Sampled tokens are added to ``sampled`` with their log probabilities when
     the options ask for them; the caller takes them as the text they make comes
-    out. ``choice`` numbers the replies to one prompt: each draws its own
+    out; so are the generated tokens' ids (``token_ids``) when the options ask for them. ``choice`` numbers
+    the replies to one prompt: each draws its own
     random numbers. The prefill saves the prompt's prefix at each of
     ``save_at`` (see ``Slot.prefill``). After iteration ``finish_reason`` is
     "stop" (an end token, a stop sequence or a complete grammar) or "length" (max_tokens or the
@@ -144,6 +146,7 @@ class Generation:
         self.choice = choice
         self.save_at = save_at
         self.sampled: list[SampledToken] = []
+        self.token_ids: list[int] = []
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.cache_written = 0
@@ -169,6 +172,9 @@ class Generation:
         if not self._reused:
             self.reuse()
         slot.evaluate(self.prompt, self.cancelled)
+        if options.max_tokens <= 0:  # the prompt evaluated into the cache, and nothing generated
+            self.finish_reason = "length"
+            return
         sampler = Sampler(options.sampling, self.prompt, self.choice)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stops = StopScanner(options.stop + options.end_texts)
@@ -212,6 +218,8 @@ class Generation:
             if sampled is not None:
                 self.sampled.append(sampled)
                 sampled = None
+            if options.token_ids:
+                self.token_ids.append(token)
             piece = self.tokenizer.token_text(token).encode() if token in options.shown else self.tokenizer.piece(token)
             if thinking and not closing:
                 thinking = not thinking_end.feed(piece)

@@ -17,7 +17,7 @@ message keeps a control token's text as text (see ChatTemplate.render).
 import abc
 import functools
 import re
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import tokenizers
@@ -108,6 +108,7 @@ class Tokenizer(abc.ABC):
     end_ids: frozenset[int]  # tokens that end generation
     control: dict[str, int]  # control tokens by their text
     longest_piece: int  # bytes of the longest token
+    fim_ids: dict[str, int] = {}  # fill-in-the-middle tokens by role: pre, suf, mid, rep, sep (those the file has)
 
     @abc.abstractmethod
     def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
@@ -141,6 +142,33 @@ class Tokenizer(abc.ABC):
         if self.add_eos and ids[-1:] != [self.eos_id]:
             ids.append(self.eos_id)
         return ids
+
+
+# Fill-in-the-middle tokens by role, by the texts llama.cpp knows them by where a file's metadata names none.
+FIM_TEXTS = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
+            "<|prefix|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
+            "<|suffix|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>",
+            "<|middle|>"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>",),
+}
+
+
+def _fim_ids(tokens: list[str], special: Callable[[str], Optional[int]]) -> dict[str, int]:
+    """The fill-in-the-middle tokens a vocabulary has, by role: as its metadata names them, else by their texts."""
+    wanted = {text for texts in FIM_TEXTS.values() for text in texts}
+    found = {text: i for i, text in enumerate(tokens) if text in wanted}
+    ids = {}
+    for role, texts in FIM_TEXTS.items():
+        named = special(f"fim_{role}_token_id")
+        if named is None:
+            named = next((found[text] for text in texts if text in found), None)
+        if named is not None:
+            ids[role] = named
+    return ids
 
 
 def control_tokens(gguf_file: GGUFFile) -> dict[str, int]:
@@ -197,6 +225,7 @@ class GGUFTokenizer(Tokenizer):
         if {"<|return|>", "<|call|>"} <= self.control.keys():  # gpt-oss: <|end|> ends a message, not the reply
             ends.discard(self.control.get("<|end|>"))
         self.end_ids = frozenset(i for i in ends if i is not None)
+        self.fim_ids = _fim_ids(tokens, special)
         self._pieces = [self._piece_bytes(i) for i in range(len(tokens))]
         self.longest_piece = max(4, max((len(t.encode("utf-8", "surrogateescape")) for t in tokens), default=0))
 

@@ -44,11 +44,14 @@ class ReasoningDelta:
 
 @dataclasses.dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token's bytes and log probability, with the likeliest tokens at its place."""
+    """A generated token's bytes and log probability, with the likeliest tokens at its place (``top_ids`` their
+    ids, in the same order)."""
 
     piece: bytes
     logprob: float
     top: tuple[tuple[bytes, float], ...]
+    id: int = -1
+    top_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,14 @@ class Logprobs:
     """Generated tokens with their log probabilities: the tokens of the text that follows (or that ended)."""
 
     tokens: tuple[TokenLogprob, ...]
+    index: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+    """The ids of generated tokens: of the text that follows (or that ended), when the request asked for them."""
+
+    ids: tuple[int, ...]
     index: int = 0
 
 
@@ -122,33 +133,40 @@ class Failed:
     message: str
 
 
-Event = (TextDelta | ReasoningDelta | Logprobs | ToolCall | ChoiceEnd | Embedding | KeepAlive | PromptCached | Finished
+Event = (TextDelta | ReasoningDelta | Logprobs | TokenIds | ToolCall | ChoiceEnd | Embedding | KeepAlive | PromptCached | Finished
          | Failed)
 KEEPALIVE = KeepAlive()
 
 
 def coalesce(events: Iterable[Event]) -> list[Event]:
-    """Events with each run of one choice's text and log probabilities merged: the run's Logprobs, then its text."""
+    """Events with each run of one choice's text, token ids and log probabilities merged: the run's TokenIds and
+    Logprobs, then its text."""
     out: list[Event] = []
     texts: list[str] = []
     tokens: list[TokenLogprob] = []
+    ids: list[int] = []
     index = 0
 
     def end_run() -> None:
+        if ids:
+            out.append(TokenIds(tuple(ids), index))
         if tokens:
             out.append(Logprobs(tuple(tokens), index))
         if texts:
             out.append(TextDelta("".join(texts), index))
         texts.clear()
         tokens.clear()
+        ids.clear()
 
     for event in events:
-        if isinstance(event, (TextDelta, Logprobs)):
+        if isinstance(event, (TextDelta, Logprobs, TokenIds)):
             if event.index != index:
                 end_run()
                 index = event.index
             if isinstance(event, TextDelta):
                 texts.append(event.text)
+            elif isinstance(event, TokenIds):
+                ids.extend(event.ids)
             else:
                 tokens.extend(event.tokens)
         else:

@@ -14,7 +14,8 @@ from ..engine.base import Slot
 from ..engine.generate import DecodeOptions, Generation
 from ..engine.tokenizer import Tokenizer
 from .events import (
-    ChoiceEnd, Embedding, Event, Finished, Logprobs, PromptCached, TextDelta, TokenLogprob, ToolCall, Usage,
+    ChoiceEnd, Embedding, Event, Finished, Logprobs, PromptCached, TextDelta, TokenIds, TokenLogprob, ToolCall,
+    Usage,
 )
 from .formats import ToolCallRules
 from .reasoning import ReasoningSplitter, ReasoningSyntax
@@ -158,20 +159,27 @@ class GenerationJob:
         reader = ReplyReader(self.reading)
         limit = self.reading.max_tool_calls
         for text in generation:
-            if generation.sampled:
-                yield self._logprobs(generation)
+            yield from self._reported(generation)
             for event in reader.feed(text):
                 yield event
                 if limit is not None and isinstance(event, ToolCall) and reader.calls >= limit:
                     yield ChoiceEnd("tool_calls")
                     return
-        if generation.sampled:
-            yield self._logprobs(generation)
+        yield from self._reported(generation)
         yield from reader.finish(cut=generation.finish_reason == "length")
         reason = generation.finish_reason
         if reader.calls and reason == "stop" and generation.stop_sequence is None:
             reason = "tool_calls"
         yield ChoiceEnd(reason, generation.stop_sequence, window_full=generation.window_full)
+
+    def _reported(self, generation: Generation) -> Iterator[Event]:
+        """What the request asked to know of the tokens sampled since the last report: their ids, their log
+        probabilities."""
+        if generation.token_ids:
+            ids, generation.token_ids = generation.token_ids, []
+            yield TokenIds(tuple(ids))
+        if generation.sampled:
+            yield self._logprobs(generation)
 
     def _logprobs(self, generation: Generation) -> Logprobs:
         """The tokens sampled since the last report, as bytes with their log probabilities."""
@@ -181,7 +189,9 @@ class GenerationJob:
             return self.tokenizer.piece(token) or self.tokenizer.token_text(token).encode("utf-8", "surrogateescape")
 
         return Logprobs(tuple(
-            TokenLogprob(piece(s.token), s.logprob, tuple((piece(t), lp) for t, lp in s.top)) for s in sampled
+            TokenLogprob(piece(s.token), s.logprob, tuple((piece(t), lp) for t, lp in s.top), s.token,
+                         tuple(t for t, _ in s.top))
+            for s in sampled
         ))
 
 

@@ -19,7 +19,7 @@ from .channel import ThreadChannel
 from .drain import Drain
 from .events import (
     KEEPALIVE, ChoiceEnd, Embedding, Event, Failed, Finished, Logprobs, PromptCached, ReasoningDelta, TextDelta,
-    ToolCall, coalesce,
+    TokenIds, ToolCall, coalesce,
 )
 from .jobs import Job
 from .pool import Lease, LoadedModel
@@ -28,7 +28,7 @@ from .scheduler import CLIENT_POLL_SECONDS
 log = structlog.get_logger("kronk_wsgi.session")
 
 # What a job produces before its end (Finished, or an exception).
-OUTPUT = (PromptCached, TextDelta, ReasoningDelta, Logprobs, ToolCall, ChoiceEnd, Embedding)
+OUTPUT = (PromptCached, TextDelta, ReasoningDelta, Logprobs, TokenIds, ToolCall, ChoiceEnd, Embedding)
 
 
 @dataclasses.dataclass

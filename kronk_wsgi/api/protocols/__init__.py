@@ -5,8 +5,8 @@ and one line here.
 """
 
 from . import (
-    admin, anthropic, console, ollama, openai_chat, openai_completions, openai_embeddings, openai_responses, service, sglang,
-    tokens,
+    admin, anthropic, console, llama_server, ollama, openai_chat, openai_completions, openai_embeddings, openai_responses,
+    service, sglang, tokens,
 )
 from ..protocol import Protocols
 
@@ -22,4 +22,5 @@ PROTOCOLS = Protocols([
     console.PROTOCOL,
     sglang.PROTOCOL,
     ollama.PROTOCOL,
+    llama_server.PROTOCOL,
 ])

@@ -1,6 +1,7 @@
-"""What the SGLang model gateway asks of a worker: its health probe, and what it serves and how loaded it is.
+"""What the SGLang model gateway asks of a worker: what it serves and how loaded it is.
 
-The gateway registers a worker once GET /health answers 200, reads /server_info (or /get_server_info) and
+The gateway registers a worker once GET /health answers 200 (llama-server's probe, which the llama_server
+protocol answers), reads /server_info (or /get_server_info) and
 /model_info (or /get_model_info), and balances on /get_load. Here a worker is this server: its default model,
 its slots and places, and the requests it is holding.
 """
@@ -15,18 +16,10 @@ from ...describe import summary
 from ...serving import offload
 from ..protocol import Protocol
 from ..state import state
-from .service import readiness_status
 
 bp = Blueprint("sglang", __name__)
-PROTOCOL = Protocol("sglang", bp, prefixes=("/health", "/server_info", "/get_server_info", "/model_info",
-                                            "/get_model_info", "/get_load"), open_paths=("/health",))
-
-
-@bp.get("/health")
-def health():
-    """200 once the default model is loaded; 503 while it loads, after it failed, and while the server drains."""
-    status = readiness_status()
-    return jsonify({"status": status}), 200 if status == "ready" else 503
+PROTOCOL = Protocol("sglang", bp, prefixes=("/server_info", "/get_server_info", "/model_info", "/get_model_info",
+                                            "/get_load"))
 
 
 def _model_path() -> str:

@@ -1,0 +1,14 @@
+"""llama.cpp's llama-server API: its native routes, for the editors, front ends, proxies and dashboards written
+for it (/completion, /infill, /tokenize, /detokenize, /apply-template, /props, /slots, /health).
+
+Requests without ``model`` go to the default model. Fields follow llama-server's names and defaults;
+docs/PROTOCOLS.rst says what each does here, and which values are refused and why.
+
+Its parts: the protocol (protocol.py), the bodies (schemas.py), the routes (views.py), the stream and answer
+objects (encoder.py).
+"""
+
+from . import views  # noqa: F401 (its routes join the blueprint)
+from .protocol import PROTOCOL
+
+__all__ = ["PROTOCOL"]

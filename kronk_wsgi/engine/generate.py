@@ -91,7 +91,8 @@ class DecodeOptions:
     thinking). A reply that starts inside a thinking block ended by
     ``thinking_close`` is made to close it after ``thinking_budget`` tokens:
     the tag's tokens are forced then. With ``top_logprobs`` (0 or more), each
-    sampled token is reported with its log probability; with ``token_ids``, each generated token's id.
+    sampled token is reported with its log probability; with ``token_ids``, each generated token's id (an end
+    token's too).
     """
 
     end_ids: frozenset[int]
@@ -211,6 +212,8 @@ class Generation:
                 forced = closing.pop(0)
                 thinking = bool(closing)
             token = pick(slot.logits()) if token is None else slot.decode([token], pick)
+            if options.token_ids:  # an end token's too, as llama-server reports them
+                self.token_ids.append(token)
             if token in options.end_ids:
                 self.finish_reason = "stop"
                 break
@@ -218,8 +221,6 @@ class Generation:
             if sampled is not None:
                 self.sampled.append(sampled)
                 sampled = None
-            if options.token_ids:
-                self.token_ids.append(token)
             piece = self.tokenizer.token_text(token).encode() if token in options.shown else self.tokenizer.piece(token)
             if thinking and not closing:
                 thinking = not thinking_end.feed(piece)

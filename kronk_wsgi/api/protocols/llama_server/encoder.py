@@ -109,7 +109,8 @@ class CompletionEncoder(Encoder):
             "tokens_evaluated": choice.prompt_tokens, "generation_settings": self.settings,
             "prompt": self.prompt_texts[index // self.n], "has_new_line": "\n" in choice.content,
             "truncated": False, "stop_type": stop_type(end), "stopping_word": end.stop_sequence or "",
-            "tokens_cached": self.cached if index == 0 else choice.prompt_tokens, "timings": self._timings(choice),
+            "tokens_cached": choice.prompt_tokens + max(0, choice.predicted - 1),  # what the slot holds now
+            "timings": self._timings(choice),
         }
         if tokens:
             final["completion_probabilities"] = probabilities(tokens)

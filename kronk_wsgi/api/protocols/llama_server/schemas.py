@@ -81,6 +81,7 @@ class Sampling(Strict):
             if value != off and not (name == "adaptive_target" and value < 0) \
                     and not (name == "top_n_sigma" and value <= 0):
                 raise ValueError(f"{name}: {WHY_OFF[name]} is not done by this server's sampler; leave it at {off}")
+        self.sampler_chain()  # one this server can apply: refused here, by name, if not
         return self
 
     def sampler_chain(self) -> tuple[str, ...]:

@@ -66,7 +66,12 @@ def _bias(tokenizer: Tokenizer, given: Any) -> tuple[tuple[int, float], ...]:
 
 def infill_tokens(tokenizer: Tokenizer, body: InfillBody, context: int) -> list[int]:
     """The infill prompt as llama-server lays it out: the extra files (repo-level, where the vocabulary has the
-    tokens for it), then prefix, suffix and middle markers; the prefix and suffix cut to fit its batch (3:1)."""
+    tokens for it), then prefix, suffix and middle markers; the prefix and suffix cut to fit its batch (3:1).
+
+    The extra files keep their last tokens that fit the context with room for the reply (``n_predict``, else a
+    quarter of the context). llama-server leaves them the context less its batch and twice its own
+    ``--n-predict``: with its defaults, 2 tokens.
+    """
     fim = tokenizer.fim_ids
     if not {"pre", "suf", "mid"} <= fim.keys():
         raise invalid("this model has no fill-in-the-middle tokens: /infill needs a model trained for it")
@@ -84,12 +89,13 @@ def infill_tokens(tokenizer: Tokenizer, body: InfillBody, context: int) -> list[
         extra += plain(chunk.text)
     if sep is not None:
         extra += [sep, *plain(FIM_FILE)]
-    predict = body.limit if body.limit is not None else -1
     prefix = prefix[len(prefix) - min(len(prefix), 3 * (FIM_BATCH // 4)):]
     suffix = suffix[:min(len(suffix), max(0, FIM_BATCH // 4 - (2 + len(prompt))))]
-    extra_take = min(max(0, context - FIM_BATCH - 2 * predict), len(extra))
     head = [tokenizer.bos_id] if tokenizer.add_bos else []
-    return extra[len(extra) - extra_take:] + head + [pre, *prefix, *prompt, suf, *suffix, mid]
+    tokens = head + [pre, *prefix, *prompt, suf, *suffix, mid]
+    reply = body.limit if body.limit is not None else context // 4
+    extra_take = min(max(0, context - len(tokens) - reply), len(extra))
+    return extra[len(extra) - extra_take:] + tokens
 
 
 def generation_settings(body: CompletionBody, model_id: str, context: int) -> dict:

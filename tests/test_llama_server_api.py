@@ -1,0 +1,199 @@
+"""llama-server's own API (/completion, /infill, /tokenize, /detokenize, /apply-template, /props, /slots, /health),
+answered here as llama-server answers it.
+
+The same file, SmolLM2 with fill-in-the-middle tokens named in its metadata, is served by this server (real
+gunicorn, the llama.cpp engine) and by llama-server built from the same llama.cpp source (.ci/run builds it:
+KRONK_TEST_LLAMA_SERVER), each with one slot of 2,048 tokens. Each request goes to both, and what they answer
+must agree: the tokens, the text, greedy completions token for token, the infill prompt, the fields' shapes.
+"""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from kronk_wsgi.engine.gguf_file import Field, read_gguf, write_gguf_copy
+from kronk_wsgi.testing import free_port, run_server
+
+BINARY = os.environ.get("KRONK_TEST_LLAMA_SERVER")
+CONTEXT = 2048
+# SmolLM2's vocabulary has no fill-in-the-middle tokens; these unused control tokens play them.
+FIM = {"pre": "<issue_start>", "suf": "<issue_comment>", "mid": "<issue_closed>", "rep": "<repo_name>",
+       "sep": "<file_sep>"}
+
+
+@pytest.fixture(scope="module")
+def fim_model(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2, with its metadata naming fill-in-the-middle tokens (as a coder model's does)."""
+    source = read_gguf(smollm2)
+    tokens = source.get("tokenizer.ggml.tokens")
+    fields = dict(source.fields)
+    for role, text in FIM.items():
+        fields[f"tokenizer.ggml.fim_{role}_token_id"] = Field(4, tokens.index(text))  # 4: a uint32
+    path = tmp_path_factory.mktemp("fim") / "smollm2-fim.gguf"
+    write_gguf_copy(source, path, fields, {})
+    return path
+
+
+@pytest.fixture(scope="module")
+def ours(fim_model, tmp_path_factory):
+    models = {"smollm2": {"path": str(fim_model), "engine": "llama.cpp", "context_length": CONTEXT}}
+    with run_server(tmp_path_factory.mktemp("ours"), {"KRONK_MODELS": json.dumps(models)}) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def theirs(fim_model):
+    if not BINARY:
+        pytest.skip("llama-server is not built here (.ci/run builds it: KRONK_TEST_LLAMA_SERVER)")
+    port = free_port()
+    proc = subprocess.Popen([BINARY, "-m", str(fim_model), "--port", str(port), "--host", "127.0.0.1",
+                             "-c", str(CONTEXT), "-np", "1", "-t", "1", "--no-webui", "--jinja"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "llama-server exited"
+            try:
+                if requests.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "llama-server did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def both(ours: str, theirs: str, path: str, body: dict) -> tuple[dict, dict]:
+    answers = []
+    for url in (ours, theirs):
+        reply = requests.post(url + path, json=body, timeout=120)
+        assert reply.status_code == 200, (url, reply.text)
+        answers.append(reply.json())
+    return answers[0], answers[1]
+
+
+@pytest.mark.parametrize("body", [
+    {"content": "Hello world, how are you?"},
+    {"content": "Hello world", "add_special": True},
+    {"content": "<|im_start|>user\nhi<|im_end|>", "with_pieces": True},
+    {"content": "<|im_start|>user", "parse_special": False},
+    {"content": "á ü 日本語 🙂", "with_pieces": True},
+    {"content": [1, "Hello", 2, " there"]},
+])
+def test_tokenize_agrees(ours, theirs, body):
+    mine, reference = both(ours, theirs, "/tokenize", body)
+    assert mine == reference
+
+
+def test_detokenize_agrees(ours, theirs):
+    tokens = requests.post(ours + "/tokenize", json={"content": "<|im_start|>Hello, wörld!"}, timeout=30).json()
+    mine, reference = both(ours, theirs, "/detokenize", tokens)
+    assert mine == reference == {"content": "<|im_start|>Hello, wörld!"}
+
+
+def test_apply_template_agrees(ours, theirs):
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And?"}]}
+    mine, reference = both(ours, theirs, "/apply-template", body)
+    assert mine == reference
+
+
+GREEDY = {"temperature": 0, "n_predict": 24, "return_tokens": True}
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "The capital of France is"},
+    {"prompt": [1, "user\nWhat is 2+2?", 2, "\n<|im_start|>assistant\n"]},
+    {"prompt": "One, two, three,", "stop": [" six"]},
+    {"prompt": "Write a list:\n1.", "n_predict": 5},
+])
+def test_a_greedy_completion_agrees_token_for_token(ours, theirs, body):
+    mine, reference = both(ours, theirs, "/completion", {**GREEDY, **body})
+    for key in ("content", "tokens", "stop", "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated",
+                "has_new_line", "truncated", "prompt"):
+        assert mine[key] == reference[key], key
+    assert mine["timings"]["predicted_n"] == reference["timings"]["predicted_n"]
+    assert set(reference["timings"]) <= set(mine["timings"])
+    assert mine["generation_settings"]["n_predict"] == reference["generation_settings"]["n_predict"]
+    assert mine["generation_settings"]["temperature"] == reference["generation_settings"]["temperature"]
+
+
+INFILL = {**GREEDY, "input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n",
+          "prompt": "a"}
+
+
+def test_an_infill_prompt_is_laid_out_as_llama_server_lays_it_out(ours, theirs):
+    """The same layout, but whole: llama-server, with its default settings, keeps the last 2 tokens of the
+    repository header (``filename`` and its newline), where this server keeps all of it that fits."""
+    mine, reference = both(ours, theirs, "/infill", INFILL)
+    assert reference["prompt"].startswith("filename\n<issue_start>")
+    assert mine["prompt"] == "<repo_name>myproject\n<file_sep>" + reference["prompt"]
+
+
+def test_an_infills_extra_files_come_first_in_the_repository_layout(ours):
+    files = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}, {"text": "X = 1\n"}]
+    reply = requests.post(ours + "/infill", json={**INFILL, "input_extra": files}, timeout=60)
+    assert reply.status_code == 200
+    expected = ("<repo_name>myproject\n<file_sep>util.py\ndef sub(a, b):\n    return a - b\n<file_sep>tmp\nX = 1\n"
+                "<file_sep>filename\n<issue_start>def add(a, b):\n    return a<issue_comment>\n\nprint(add(1, 2))\n"
+                "<issue_closed>")
+    assert reply.json()["prompt"] == expected
+
+
+def stream(url: str, path: str, body: dict) -> list[dict]:
+    with requests.post(url + path, json={**body, "stream": True}, stream=True, timeout=120) as reply:
+        assert reply.status_code == 200 and reply.headers["Content-Type"].startswith("text/event-stream")
+        return [json.loads(line[6:]) for line in reply.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+
+
+def test_a_streamed_completion_is_framed_as_llama_server_frames_it(ours, theirs):
+    body = {**GREEDY, "prompt": "The capital of France is", "n_probs": 2}
+    mine, reference = stream(ours, "/completion", body), stream(theirs, "/completion", body)
+    assert "".join(c["content"] for c in mine) == "".join(c["content"] for c in reference)
+    assert [t for c in mine for t in c["tokens"]] == [t for c in reference for t in c["tokens"]]
+    assert [c["stop"] for c in mine] == [False] * (len(mine) - 1) + [True]
+    assert set(reference[-1]) <= set(mine[-1]) and mine[-1]["stop_type"] == reference[-1]["stop_type"]
+    assert set(reference[0]) <= set(mine[0])
+    mine_probs = [p["id"] for c in mine for p in c.get("completion_probabilities", [])]
+    assert mine_probs == [t for c in mine for t in c["tokens"]]
+
+
+def test_props_and_slots_describe_the_server(ours, theirs):
+    mine, reference = (requests.get(url + "/props", timeout=30).json() for url in (ours, theirs))
+    assert mine["total_slots"] == reference["total_slots"] == 1
+    assert mine["model_path"].endswith(".gguf")
+    assert mine["default_generation_settings"]["n_ctx"] == reference["default_generation_settings"]["n_ctx"]
+    assert mine["chat_template"] == reference["chat_template"]
+    slots = requests.get(ours + "/slots", timeout=30).json()
+    assert [s["id"] for s in slots] == [0] and slots[0]["n_ctx"] == CONTEXT and slots[0]["is_processing"] is False
+    assert requests.get(ours + "/health", timeout=30).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": "x", "mirostat": 2}, "mirostat"),
+    ({"prompt": "x", "samplers": ["temperature", "top_k"]}, "samplers"),
+    ({"prompt": "x", "id_slot": 3}, "id_slot"),
+    ({"prompt": [[1, 2], {"multimodal_data": ["AAAA"], "prompt_string": "x"}]}, "multimodal_data"),
+    ({"prompt": "x", "n_predict": "many"}, "n_predict"),
+])
+def test_what_cannot_be_honoured_is_refused_in_llama_servers_error_shape(ours, body, field):
+    reply = requests.post(ours + "/completion", json=body, timeout=30)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["code"] == 400 and error["type"] == "invalid_request_error" and field in error["message"]
+
+
+def test_infill_needs_fill_in_the_middle_tokens(smollm2, tmp_path):
+    models = {"smollm2": {"path": str(smollm2), "engine": "llama.cpp", "context_length": CONTEXT}}
+    with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models)}) as server:
+        reply = requests.post(server.url + "/infill", json={"input_prefix": "a", "input_suffix": "b"}, timeout=30)
+    assert reply.status_code == 400 and "fill-in-the-middle" in reply.json()["error"]["message"]

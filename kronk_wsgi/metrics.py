@@ -65,6 +65,64 @@ class Metrics:
             "kronk_model_events", "Model loads, failed loads, unloads (idle, room, admin) and refused loads "
             "(no_room, never_fits).", ["model", "event"], registry=r)
 
+        # llama-server's metrics, under its names, for the dashboards made for it: each labelled with the model.
+        self.llamacpp_prompt_tokens = Counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.",
+                                              ["model"], registry=r)
+        self.llamacpp_prompt_tokens_cached = Counter("llamacpp:prompt_tokens_cached", "Number of prompt tokens "
+                                                     "served from a cache.", ["model"], registry=r)
+        self.llamacpp_prompt_seconds = Counter("llamacpp:prompt_seconds", "Prompt process time in seconds.",
+                                               ["model"], registry=r)
+        self.llamacpp_tokens_predicted = Counter("llamacpp:tokens_predicted", "Number of generation tokens processed.",
+                                                 ["model"], registry=r)
+        self.llamacpp_tokens_predicted_seconds = Counter(
+            "llamacpp:tokens_predicted_seconds", "Predict process time in seconds.", ["model"], registry=r)
+        self.llamacpp_prompt_throughput = Gauge(
+            "llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s (of the worker that last "
+            "answered).", ["model"], registry=r, multiprocess_mode="mostrecent")
+        self.llamacpp_predicted_throughput = Gauge(
+            "llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s (of the worker that last "
+            "answered).", ["model"], registry=r, multiprocess_mode="mostrecent")
+        self.llamacpp_requests_processing = Gauge("llamacpp:requests_processing", "Number of requests processing.",
+                                                  ["model"], registry=r, multiprocess_mode="livesum")
+        self.llamacpp_requests_deferred = Gauge("llamacpp:requests_deferred", "Number of requests deferred.",
+                                                ["model"], registry=r, multiprocess_mode="livesum")
+        self.llamacpp_n_tokens_max = Gauge("llamacpp:n_tokens_max", "High watermark of the context size observed.",
+                                           ["model"], registry=r, multiprocess_mode="max")
+        self.llamacpp_n_decode = Counter("llamacpp:n_decode", "Total number of llama_decode() calls.", ["model"],
+                                         registry=r)
+        self.llamacpp_busy_slots_per_decode = Gauge(
+            "llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call (of the worker "
+            "that last answered).", ["model"], registry=r, multiprocess_mode="mostrecent")
+        self._llamacpp_totals: dict[str, list[float]] = {}  # per model: this app's sums behind the averages
+
+    def generation_done(self, model: str, prompt_tokens: int, cached_tokens: int, prompt_seconds: float,
+                        predicted: int, predicted_seconds: float, context_used: int, decodes: tuple[int, int]) -> None:
+        """Count a generation under llama-server's names: the prompt tokens it evaluated (and those a cache served)
+        and how long that took, the tokens it generated and how long that took, the context it filled, and the
+        model's decode calls and the sequences they carried so far (``decodes``, since its load)."""
+        self.llamacpp_prompt_tokens.labels(model).inc(prompt_tokens)
+        self.llamacpp_prompt_tokens_cached.labels(model).inc(cached_tokens)
+        self.llamacpp_prompt_seconds.labels(model).inc(prompt_seconds)
+        self.llamacpp_tokens_predicted.labels(model).inc(predicted)
+        self.llamacpp_tokens_predicted_seconds.labels(model).inc(predicted_seconds)
+        totals = self._llamacpp_totals.setdefault(model, [0.0, 0.0, 0.0, 0.0, 0, 0])
+        totals[:4] = [totals[0] + prompt_tokens, totals[1] + prompt_seconds, totals[2] + predicted,
+                      totals[3] + predicted_seconds]
+        if totals[1] > 0:
+            self.llamacpp_prompt_throughput.labels(model).set(totals[0] / totals[1])
+        if totals[3] > 0:
+            self.llamacpp_predicted_throughput.labels(model).set(totals[2] / totals[3])
+        high = self.llamacpp_n_tokens_max.labels(model)
+        if context_used > high._value.get():
+            high.set(context_used)
+        calls, sequences = decodes
+        if calls < totals[4]:  # the model was loaded again: its counts start over
+            totals[4] = totals[5] = 0
+        self.llamacpp_n_decode.labels(model).inc(calls - totals[4])
+        totals[4:] = [calls, sequences]
+        if calls:
+            self.llamacpp_busy_slots_per_decode.labels(model).set(sequences / calls)
+
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format: of all workers when they share a directory, else of this app."""
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -9,6 +9,7 @@ must agree: the tokens, the text, greedy completions token for token, the infill
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ def theirs(fim_model):
         pytest.skip("llama-server is not built here (.ci/run builds it: KRONK_TEST_LLAMA_SERVER)")
     port = free_port()
     proc = subprocess.Popen([BINARY, "-m", str(fim_model), "--port", str(port), "--host", "127.0.0.1",
-                             "-c", str(CONTEXT), "-np", "1", "-t", "1", "--no-webui", "--jinja"],
+                             "-c", str(CONTEXT), "-np", "1", "-t", "1", "--no-webui", "--jinja", "--metrics"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -197,3 +198,24 @@ def test_infill_needs_fill_in_the_middle_tokens(smollm2, tmp_path):
     with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models)}) as server:
         reply = requests.post(server.url + "/infill", json={"input_prefix": "a", "input_suffix": "b"}, timeout=30)
     assert reply.status_code == 400 and "fill-in-the-middle" in reply.json()["error"]["message"]
+
+
+def samples(url: str) -> dict[str, float]:
+    """The llamacpp: samples of a /metrics page, by name (one model: one of each)."""
+    lines = requests.get(url + "/metrics", timeout=30).text.splitlines()
+    return {re.split(r"[{ ]", line)[0]: float(line.rsplit(" ", 1)[1]) for line in lines
+            if line.startswith("llamacpp:")}
+
+
+def test_metrics_carry_llama_servers_names(ours, theirs):
+    """Every llamacpp: metric llama-server exports is here (those of speculative decoding aside), counting."""
+    requests.post(ours + "/completion", json={**GREEDY, "prompt": "Count: one, two,"}, timeout=60)
+    mine, reference = samples(ours), samples(theirs)
+    expected = {name for name in reference if not name.startswith("llamacpp:spec_decode")}
+    assert expected <= set(mine), expected - set(mine)
+    assert mine["llamacpp:prompt_tokens_total"] > 0 and mine["llamacpp:tokens_predicted_total"] > 0
+    assert mine["llamacpp:prompt_tokens_cached_total"] >= 0
+    assert mine["llamacpp:prompt_seconds_total"] > 0 and mine["llamacpp:tokens_predicted_seconds_total"] > 0
+    assert mine["llamacpp:n_decode_total"] >= mine["llamacpp:tokens_predicted_total"]
+    assert mine["llamacpp:n_busy_slots_per_decode"] == 1.0  # one slot
+    assert mine["llamacpp:n_tokens_max"] > 0 and mine["llamacpp:requests_processing"] == 0

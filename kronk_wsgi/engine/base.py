@@ -241,6 +241,11 @@ class Engine(abc.ABC):
     def close(self) -> None:
         """Free what the engine holds outside Python (its model, contexts and threads); its slots are unusable after."""
 
+    def decode_counts(self) -> tuple[int, int]:
+        """Decode calls made since the load, and the sequences (slots) they carried, summed: (0, 0) from an engine
+        whose slots decode alone, which does not count them."""
+        return 0, 0
+
     def state_identity(self) -> Optional[str]:
         """What a saved slot state depends on (the model file, the engine's version, the context's parameters),
         once the slots are made; None if the engine cannot save and restore states."""

@@ -293,7 +293,8 @@ class _Batcher:
         self._last_round: set[int] = set()  # the sequences of the previous call, and when it ended
         self._last_end = 0.0
         self._embeddings = False
-        self.calls = 0  # decode calls made, and of them aborted (for tests and benchmarks)
+        self.calls = 0  # decode calls made, the sequences they carried, and the calls aborted
+        self.sequences = 0
         self.aborted = 0
 
     def decode(self, call: _Call, cancelled: Optional[Callable[[], bool]] = None) -> None:
@@ -362,6 +363,7 @@ class _Batcher:
             last.append(n - 1)
         batch.n_tokens = n
         self.calls += 1
+        self.sequences += len(calls)
         status = llama_cpp.llama_decode(self._ctx, batch)
         self._last_end = _monotonic()
         self.aborted += status == 2
@@ -558,6 +560,10 @@ class LlamaCppEngine(Engine):
 
     def state_identity(self) -> Optional[str]:
         return getattr(self, "_identity", None)
+
+    def decode_counts(self) -> tuple[int, int]:
+        batcher = getattr(self, "_batcher", None)
+        return (batcher.calls, batcher.sequences) if batcher is not None else (0, 0)
 
     def close(self) -> None:
         """Free the batch, context, threads and model, once; called on unload, and when the engine is collected."""

@@ -19,7 +19,7 @@ from .channel import ThreadChannel
 from .drain import Drain
 from .events import (
     KEEPALIVE, ChoiceEnd, Embedding, Event, Failed, Finished, Logprobs, PromptCached, ReasoningDelta, TextDelta,
-    TokenIds, ToolCall, coalesce,
+    TokenIds, ToolCall, Usage, coalesce,
 )
 from .jobs import Job
 from .pool import Lease, LoadedModel
@@ -131,6 +131,7 @@ class Session:
             channel = ThreadChannel()
             worker = self.model.slot_threads.spawn(_drive, self.job, slot, self.model, cancel, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
+            self.metrics.llamacpp_requests_processing.labels(self.model.id).inc()
             worker.rawlink(lambda _: self._worker_done(slot, channel))
             yield from self._relay(slot, channel, cancel)
         finally:
@@ -147,6 +148,7 @@ class Session:
         """The worker thread let go of the slot: only now may the channel close and the slot be reused."""
         channel.close()
         self.metrics.active_streams.labels(self.model.id).dec()
+        self.metrics.llamacpp_requests_processing.labels(self.model.id).dec()
         self._release(slot)
 
     def _release(self, slot: Optional[Slot]) -> None:
@@ -241,6 +243,17 @@ class Session:
             return Failed("shutdown", "the server is shutting down; the response is incomplete")
         return None
 
+    def _count_as_llama_server(self, usage: Usage) -> None:
+        """llama-server's metrics of a finished generation: its prompt's time ran from the slot to the first token."""
+        now = time.monotonic()
+        waited = self.stats.queue_wait or 0.0
+        first = self.stats.time_to_first_token
+        first = first if first is not None else now - self.started
+        self.metrics.generation_done(
+            self.model.id, usage.prompt_tokens - usage.cached_tokens, usage.cached_tokens, max(0.0, first - waited),
+            usage.completion_tokens, max(0.0, now - self.started - first),
+            usage.prompt_tokens + usage.completion_tokens, self.model.engine.decode_counts())
+
     def _finish(self, item: object) -> Event:
         """The terminal event: Finished, or Failed for an engine exception (its metrics written before it goes out)."""
         self._gaps.flush()
@@ -250,6 +263,7 @@ class Session:
             tokens = self.metrics.tokens
             tokens.labels(self.model.id, "prompt").inc(item.usage.prompt_tokens)
             tokens.labels(self.model.id, "completion").inc(item.usage.completion_tokens)
+            self._count_as_llama_server(item.usage)
             return item
         self.stats.outcome = "error"
         if isinstance(item, GrammarError):  # a client's grammar past a step's limits: no traceback, no grammar text

@@ -7,6 +7,7 @@ KRONK_TEST_LLAMA_SERVER), each with one slot of 2,048 tokens. Each request goes 
 must agree: the tokens, the text, greedy completions token for token, the infill prompt, the fields' shapes.
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -219,3 +220,39 @@ def test_metrics_carry_llama_servers_names(ours, theirs):
     assert mine["llamacpp:n_decode_total"] >= mine["llamacpp:tokens_predicted_total"]
     assert mine["llamacpp:n_busy_slots_per_decode"] == 1.0  # one slot
     assert mine["llamacpp:n_tokens_max"] > 0 and mine["llamacpp:requests_processing"] == 0
+
+
+def test_the_router_endpoints_load_and_unload_a_model_after_its_requests(smollm2, tmp_path):
+    """GET /models gives each model's status; /models/unload waits for the running request to end (llama-server's
+    router aborts it), and /models/sse tells the changes as they happen."""
+    models = {"smollm2": {"path": str(smollm2), "engine": "llama.cpp", "context_length": CONTEXT}}
+    with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models)}) as server:
+        def listed() -> dict:
+            data = requests.get(server.url + "/models", timeout=30).json()["data"]
+            return {m["id"]: m["status"]["value"] for m in data}
+
+        assert listed() == {"smollm2": "loaded"}
+        events = requests.get(server.url + "/models/sse", stream=True, timeout=60)
+        lines = events.iter_lines(decode_unicode=True)
+        first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        assert first == {"model": "smollm2", "event": "model_status", "data": {"status": "loaded"}}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(stream, server.url, "/completion",
+                                  {"prompt": "Count to a hundred: 1, 2, 3,", "n_predict": 120, "ignore_eos": True})
+            deadline = time.monotonic() + 60
+            while requests.get(server.url + "/slots", timeout=30).json()[0]["is_processing"] is False:
+                assert time.monotonic() < deadline and not running.done()
+                time.sleep(0.05)
+            reply = requests.post(server.url + "/models/unload", json={"model": "smollm2"}, timeout=120)
+            assert reply.json() == {"success": True}
+            chunks = running.result()
+        assert chunks[-1]["stop"] is True and chunks[-1]["tokens_predicted"] == 120
+        assert listed() == {"smollm2": "unloaded"}
+        second = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        assert second["data"] == {"status": "unloaded"}
+        events.close()
+        assert requests.post(server.url + "/models/load", json={"model": "smollm2"}, timeout=120).json() == \
+            {"success": True}
+        assert listed() == {"smollm2": "loaded"}
+        reply = requests.post(server.url + "/models/load", json={"model": "nothing"}, timeout=30)
+        assert reply.status_code == 404 and reply.json()["error"]["type"] == "not_found_error"

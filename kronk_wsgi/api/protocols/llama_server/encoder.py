@@ -115,7 +115,7 @@ class CompletionEncoder(Encoder):
         if tokens:
             final["completion_probabilities"] = probabilities(tokens)
         fields = self.options["response_fields"]
-        return final if fields is None else pick_fields(final, fields)
+        return pick_fields(final, fields) if fields else final
 
     def _produced(self, index: int, text: str, ids: list[int]) -> None:
         choice = self.choices[index]

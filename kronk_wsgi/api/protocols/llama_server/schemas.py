@@ -121,8 +121,9 @@ class CompletionBody(Sampling):
     """POST /completion: llama-server's native completion."""
 
     model: Optional[str] = None  # the default model unless named
-    # Text, token ids, ids mixed with texts, or a list of several of those (see ``prompts``).
-    prompt: Union[str, Annotated[list[Any], Field(min_length=1)]]
+    # Text, token ids, ids mixed with texts, an object with the text as prompt_string, or a list of several of
+    # those (see ``prompts``).
+    prompt: Union[str, dict[str, Any], Annotated[list[Any], Field(min_length=1)]]
     n_predict: Annotated[int, Field(ge=-1)] = -1  # -1: to the context's end
     max_tokens: Optional[Annotated[int, Field(ge=-1)]] = None  # the same, by its other name
     n_cmpl: Annotated[int, Field(ge=1)] = 1
@@ -160,10 +161,10 @@ class CompletionBody(Sampling):
         return self
 
     def prompts(self) -> list[Mixed]:
-        """Each prompt: one unless ``prompt`` is a list of prompts (of texts alone, or holding lists or objects)."""
+        """Each prompt: one, unless ``prompt`` is a list of prompts (of texts alone, or holding lists or objects)."""
         if isinstance(self.prompt, str):
             return [self.prompt]
-        if _one_prompt(self.prompt):
+        if isinstance(self.prompt, dict) or _one_prompt(self.prompt):
             return [_prompt(self.prompt, "prompt")]
         return [_prompt(item, f"prompt[{index}]") for index, item in enumerate(self.prompt)]
 

@@ -1,0 +1,84 @@
+"""Starts this server where llama.cpp's server test suite starts llama-server: the same command line, read into
+kronk_wsgi's settings, then `kronk-wsgi serve` in its place.
+
+The suite fetches its models from the Hugging Face hub, which is out of reach here: a model named by
+``--hf-repo`` (and ``--hf-file``) is the file KRONK_SUITE_MODELS maps its name to (a JSON object), else the one
+it maps "*" to. Flags that change nothing here are read and left; the others are listed in the server's log.
+
+With KRONK_SUITE_REFERENCE naming a llama-server binary, that binary is started instead, with the same models
+in place of the hub's: the reference that this server's results are compared with.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+# Flags with a value, and flags without one, that have no meaning here: what they set is this server's way already
+# (Jinja templates, metrics and slots always on, one model loaded and kept) or is not taken (GPU layers, LoRA).
+VALUED = {"--temp", "--seed", "--batch-size", "--ubatch-size", "-ctk", "-ctv", "-fa", "--n-gpu-layers", "--pooling",
+          "--reasoning-format", "--reasoning", "--grp-attn-n", "--grp-attn-w", "--tags", "--cache-ram",
+          "--sleep-idle-seconds", "--n-predict", "--lora", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
+          "--model-draft", "--mmproj-url", "--media-path", "--models-dir", "--models-max", "--models-preset",
+          "--cors-origins", "--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json",
+          "--slot-save-path", "--spec-synth-len", "--spec-synth-rates", "--model-url"}
+FLAGS = {"--offline", "--cont-batching", "--embedding", "--reranking", "--metrics", "--kv-unified", "--swa-full",
+         "--slots", "--no-slots", "--verbose", "--context-shift", "--no-ui", "--no-webui", "--no-models-autoload",
+         "--jinja", "--no-jinja", "--no-mmproj", "--no-cache-idle-slots", "--ui-mcp-proxy", "--backend_sampling"}
+
+
+def main(argv: list[str]) -> None:
+    options: dict[str, str] = {}
+    left: list[str] = []
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag in FLAGS:
+            left.append(flag)
+            i += 1
+            continue
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if flag in VALUED:
+            left.append(f"{flag} {value}")
+        else:
+            options[flag] = value
+        i += 2
+    models = json.loads(os.environ.get("KRONK_SUITE_MODELS", "{}"))
+    repo = options.get("--hf-repo")
+    if "--model" in options:
+        path = options["--model"]
+    elif repo is not None:
+        name = repo + ("/" + options["--hf-file"] if "--hf-file" in options else "")
+        path = models.get(name, models.get(repo, models["*"]))
+    else:
+        path = models["*"]
+    reference = os.environ.get("KRONK_SUITE_REFERENCE")
+    if reference:
+        hub = {"--hf-repo", "--hf-file", "--model"}
+        rest = [arg for i, arg in enumerate(argv) if arg not in hub and (i == 0 or argv[i - 1] not in hub)]
+        os.execv(reference, [reference, "--model", path, *rest])
+    spec: dict[str, object] = {"path": path, "engine": "llama.cpp"}
+    parallel = int(options.get("--parallel", "1"))
+    if "--ctx-size" in options and int(options["--ctx-size"]) > 0:
+        spec["context_length"] = int(options["--ctx-size"]) // parallel  # llama-server's context is all slots'
+    if "--chat-template-file" in options:
+        spec["chat_template"] = Path(options["--chat-template-file"]).read_text()
+    elif "--chat-template" in options:
+        spec["chat_template"] = options["--chat-template"]
+    name = options.get("--alias") or Path(path).name
+    env = {**os.environ, "KRONK_MODELS": json.dumps({name: spec}), "KRONK_PARALLEL": str(parallel)}
+    if "--api-key" in options:
+        env["KRONK_API_KEYS"] = options["--api-key"]
+    if "--threads" in options:
+        env["KRONK_THREADS"] = options["--threads"]
+    unknown = sorted(set(options) - {"--port", "--host", "--model", "--hf-repo", "--hf-file", "--alias",
+                                     "--parallel", "--ctx-size", "--chat-template", "--chat-template-file",
+                                     "--api-key", "--threads"})
+    print(f"llama_server_shim: left {left + unknown}", file=sys.stderr, flush=True)
+    host = options.get("--host", "127.0.0.1").split(",")[0]
+    os.execvpe(sys.executable, [sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind",
+                                f"{host}:{options.get('--port', '8080')}"], env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -256,3 +256,16 @@ def test_the_router_endpoints_load_and_unload_a_model_after_its_requests(smollm2
         assert listed() == {"smollm2": "loaded"}
         reply = requests.post(server.url + "/models/load", json={"model": "nothing"}, timeout=30)
         assert reply.status_code == 404 and reply.json()["error"]["type"] == "not_found_error"
+
+
+def test_the_count_endpoints_count_what_a_request_would_take(ours, theirs):
+    chat = {"model": "smollm2", "messages": [{"role": "system", "content": "Be brief."},
+                                             {"role": "user", "content": "Name three colours."}]}
+    mine, reference = both(ours, theirs, "/v1/chat/completions/input_tokens", chat)
+    assert mine == reference and mine["object"] == "response.input_tokens"
+    used = requests.post(ours + "/v1/chat/completions", json={**chat, "max_tokens": 1}, timeout=60).json()
+    assert used["usage"]["prompt_tokens"] == mine["input_tokens"]
+    response = {"model": "smollm2", "instructions": "Be brief.", "input": "Name three colours."}
+    counted = requests.post(ours + "/v1/responses/input_tokens", json=response, timeout=60).json()
+    used = requests.post(ours + "/v1/responses", json={**response, "max_output_tokens": 16}, timeout=60).json()
+    assert counted == {"object": "response.input_tokens", "input_tokens": used["usage"]["input_tokens"]}

@@ -83,6 +83,15 @@ def start_generation(request: GenerationRequest) -> Session:
     return _start(request.model, lambda model: plan(model, request))
 
 
+def count_prompt_tokens(request: GenerationRequest) -> int:
+    """The prompt tokens a generation request would take on its model, planned as it would be (with no hint to
+    the prompt cache: counting saves nothing); nothing is generated."""
+    offload.call(state().body_thread, check, request)
+    request = dataclasses.replace(request, cache_key=None, cache_breaks=(), cache_scope=cache_scope())
+    with use_model(request.model) as model:
+        return plan(model, request).prompt_tokens
+
+
 def start_later(request: GenerationRequest) -> Callable[[Callable[[], bool]], Session]:
     """Check and plan one generation now, so that its failures are HTTP errors, and admit it later, outside the
     request (a background response): return what waits for its admission place (as a request would, until

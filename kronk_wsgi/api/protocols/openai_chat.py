@@ -4,7 +4,7 @@ import time
 import uuid
 from typing import Iterable, Iterator, Optional
 
-from flask import Blueprint
+from flask import Blueprint, jsonify
 
 from ...serving.events import (
     ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
@@ -14,7 +14,7 @@ from ..body import parse_body
 from ..protocol import Protocol
 from ..response import Encoder, respond
 from ..schemas import ChatCompletionRequest
-from ..sessions import start_generation
+from ..sessions import count_prompt_tokens, start_generation
 from ..sse import DONE, sse
 from ..state import record
 
@@ -48,6 +48,14 @@ def chat_completions():
     encoder = ChatEncoder(body.model, completion_id, int(time.time()), include_usage, body.n, body.logprobs,
                           frozenset(tool.name for tool in body.custom_tools()), legacy_functions=bool(body.functions))
     return respond(session, encoder, body.stream)
+
+
+@bp.post("/v1/chat/completions/input_tokens")
+def chat_input_tokens():
+    """The prompt tokens the same chat completion request would take (llama-server's count, in the shape of
+    OpenAI's Responses count)."""
+    body = parse_body(ChatCompletionRequest)
+    return jsonify({"object": "response.input_tokens", "input_tokens": count_prompt_tokens(body.generation_request())})
 
 
 def _tool_call(call: ToolCall, index: int, custom: bool = False) -> dict:

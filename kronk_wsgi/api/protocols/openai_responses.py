@@ -30,7 +30,7 @@ from ..schemas import (
     ServiceTier, Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
     template_variables,
 )
-from ..sessions import start_generation, start_later
+from ..sessions import count_prompt_tokens, start_generation, start_later
 from ..sse import sse
 from ..state import record, state
 from .openai_chat import logprob_content
@@ -583,6 +583,16 @@ def responses():
     if body.background:
         return run.start(admit, encoder, store_response, body.stream)
     return respond(session, encoder, body.stream)
+
+
+@bp.post("/v1/responses/input_tokens")
+def input_tokens():
+    """The input tokens the same response request would take (previous_response_id's conversation included)."""
+    body = parse_body(ResponsesRequest)
+    _open_sealed(body)
+    previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
+    count = count_prompt_tokens(body.generation_request(previous + body.input_messages()))
+    return jsonify({"object": "response.input_tokens", "input_tokens": count})
 
 
 def _conversation(response_id: str) -> list[dict]:

@@ -139,6 +139,8 @@ class Settings(BaseModel):
     # together); "shared", every key's together (one tenant with many keys). Timing and cached_tokens would
     # otherwise tell one key what another sent.
     prompt_cache_scope: Literal["key", "shared"] = "key"
+    # Where llama-server's POST /slots/{id}?action=save and restore keep their files; None: those actions are off.
+    slot_save_path: Optional[str] = None
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")

@@ -184,6 +184,7 @@ def test_props_and_slots_describe_the_server(ours, theirs):
     ({"prompt": "x", "mirostat": 2}, "mirostat"),
     ({"prompt": "x", "samplers": ["temperature", "top_k"]}, "samplers"),
     ({"prompt": "x", "id_slot": 3}, "id_slot"),
+    ({"prompt": "x", "id_slot": -2}, "id_slot"),
     ({"prompt": [[1, 2], {"multimodal_data": ["AAAA"], "prompt_string": "x"}]}, "multimodal_data"),
     ({"prompt": "x", "n_predict": "many"}, "n_predict"),
 ])
@@ -269,3 +270,34 @@ def test_the_count_endpoints_count_what_a_request_would_take(ours, theirs):
     counted = requests.post(ours + "/v1/responses/input_tokens", json=response, timeout=60).json()
     used = requests.post(ours + "/v1/responses", json={**response, "max_output_tokens": 16}, timeout=60).json()
     assert counted == {"object": "response.input_tokens", "input_tokens": used["usage"]["input_tokens"]}
+
+
+def test_a_slot_is_saved_erased_and_restored(smollm2, tmp_path):
+    """A slot's state saved to a file, erased, and restored: the same prompt then reads its tokens from the slot
+    (tokens_cached, timings.cache_n), and the answer is the same; id_slot puts a request on the slot it names."""
+    models = {"smollm2": {"path": str(smollm2), "engine": "llama.cpp", "context_length": CONTEXT}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_PARALLEL": "2", "KRONK_SLOT_SAVE_PATH": str(tmp_path / "slots"),
+           "KRONK_PROMPT_CACHE_RAM_MB": "0", "KRONK_PROMPT_CACHE_DISK_MB": "0"}
+    prompt = {**GREEDY, "prompt": "A long story about a cat who lived in a lighthouse by the sea. " * 8, "id_slot": 1}
+    with run_server(tmp_path, env) as server:
+        first = server.post("/completion", prompt).json()
+        assert first["id_slot"] == 1 and first["timings"]["cache_n"] == 0
+        saved = server.post("/slots/1?action=save", {"filename": "cat.bin"}).json()
+        assert saved["id_slot"] == 1 and saved["n_saved"] == first["tokens_cached"] and saved["n_written"] > 0
+        assert (tmp_path / "slots" / "cat.bin").stat().st_size == saved["n_written"]
+        assert server.post("/slots/1?action=erase", {}).json() == {"id_slot": 1, "n_erased": saved["n_saved"]}
+        erased = server.post("/completion", prompt).json()
+        assert erased["timings"]["cache_n"] == 0
+        server.post("/slots/1?action=erase", {})
+        restored = server.post("/slots/0?action=restore", {"filename": "cat.bin"}).json()
+        assert restored["id_slot"] == 0 and restored["n_restored"] == saved["n_saved"]
+        again = server.post("/completion", {**prompt, "id_slot": 0}).json()
+        assert again["id_slot"] == 0 and again["timings"]["cache_n"] == first["timings"]["prompt_n"] - 1
+        assert again["content"] == first["content"]
+        for name in ("../cat.bin", "/etc/passwd", "a/b", ".hidden", ""):
+            reply = server.post("/slots/0?action=save", {"filename": name})
+            assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error", name
+        assert server.post("/slots/0?action=restore", {"filename": "none.bin"}).status_code == 404
+        assert server.post("/slots/5?action=save", {"filename": "x.bin"}).status_code == 400
+        assert server.post("/slots/0?action=fly", {}).status_code == 400
+        assert not (tmp_path / "cat.bin").exists()

@@ -122,6 +122,8 @@ class GenerationRequest:
     cache_breaks: tuple[int, ...] = ()
     cache_key: Optional[str] = None
     cache_scope: str = ""  # whose cached prefixes the prompt may reuse (Slot.enter); set by the server, not a client
+    slot: Optional[int] = None  # the slot to run on, by number (llama-server's id_slot); None: the best free one
+    slot_param: str = "id_slot"
 
     @property
     def calls_tools(self) -> bool:
@@ -214,7 +216,12 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs, token_ids=request.token_ids,
     )
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
-    return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at, request.cache_scope)
+    slots = len(model.scheduler.slots)
+    if request.slot is not None and not 0 <= request.slot < slots:
+        raise invalid(f"{request.slot_param} {request.slot} is not a slot of this model (it has {slots})",
+                      param=request.slot_param)
+    return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at, request.cache_scope,
+                         request.slot)
 
 
 def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[Prompt, RenderedPrompt],

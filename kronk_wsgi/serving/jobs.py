@@ -26,6 +26,7 @@ class Job(Protocol):
 
     prompt_tokens: int
     scope: str  # whose cached prefixes it may reuse (Slot.enter)
+    slot: Optional[int]  # the slot it must run on, by number; None: the one the scheduler picks
 
     @property
     def prefix(self) -> list[int]:
@@ -114,9 +115,11 @@ class GenerationJob:
     """
 
     def __init__(self, prompts: list[list[int]], n: int, tokenizer: Tokenizer, decode: DecodeOptions,
-                 reading: ReplyReading = ReplyReading(), save_at: tuple[int, ...] = (), scope: str = "") -> None:
+                 reading: ReplyReading = ReplyReading(), save_at: tuple[int, ...] = (), scope: str = "",
+                 slot: Optional[int] = None) -> None:
         self.prompts = prompts
         self.scope = scope
+        self.slot = slot
         self.save_at = save_at  # the first prompt's lengths at which its prefix is saved (Slot.prefill)
         self.n = n
         self.prompt_tokens = sum(len(prompt) for prompt in prompts)
@@ -200,6 +203,7 @@ class EmbeddingJob:
 
     completion_tokens = 0
     cached_tokens = 0
+    slot = None
 
     def __init__(self, inputs: list[list[int]], scope: str = "") -> None:
         self.inputs = inputs

@@ -57,9 +57,10 @@ class ClientGone(Exception):
 class _Ticket:
     """One waiter's place in a line; ``granted`` is set by whoever hands it what it waits for."""
 
-    def __init__(self, prefix: Sequence[int] = (), scope: str = "") -> None:
+    def __init__(self, prefix: Sequence[int] = (), scope: str = "", wanted: Optional[Slot] = None) -> None:
         self.prefix = prefix
         self.scope = scope
+        self.wanted = wanted  # the one slot it waits for, if it names one
         self.granted = gevent.event.Event()
         self.slot: Optional[Slot] = None
 
@@ -75,6 +76,7 @@ class Scheduler:
         self.max_waiting = max_waiting
         self.held_places = 0
         self.slot_count = len(slots)
+        self.slots = tuple(slots)  # numbered as given
         self.states: dict[Slot, str] = {slot: "idle" for slot in slots}
         self._free = list(slots)  # the slot given back longest ago first
         self.idle = gevent.event.Event()  # set while no slot is held
@@ -137,10 +139,10 @@ class Scheduler:
 
     # -- slots ------------------------------------------------------------------------------------------------------
 
-    def wait_for_slot(self, prefix: Sequence[int], scope: str) -> _Ticket:
-        """Join the slot line; the ticket's ``granted`` is set once it holds a slot (``ticket.slot``). Leave the line
-        with ``leave`` if the wait ends first."""
-        ticket = _Ticket(prefix, scope)
+    def wait_for_slot(self, prefix: Sequence[int], scope: str, wanted: Optional[int] = None) -> _Ticket:
+        """Join the slot line (for the slot numbered ``wanted`` alone, if given); the ticket's ``granted`` is set once
+        it holds a slot (``ticket.slot``). Leave the line with ``leave`` if the wait ends first."""
+        ticket = _Ticket(prefix, scope, None if wanted is None else self.slots[wanted])
         self._slot_line.append(ticket)
         self._serve()
         self._report()
@@ -191,10 +193,15 @@ class Scheduler:
         for ticket in list(self._slot_line):
             if not self._free:
                 return
-            saving = [slot for slot, state in self.states.items() if state == "saving"]
-            best = max(self._free + saving, key=lambda slot: _fit(ticket, slot))  # of equals, the first
-            if best in saving:
-                continue  # its conversation's slot is still saving after its answer: it waits for that one
+            if ticket.wanted is not None:
+                if ticket.wanted not in self._free:
+                    continue  # the slot it names is busy: those behind it may take the others
+                best = ticket.wanted
+            else:
+                saving = [slot for slot, state in self.states.items() if state == "saving"]
+                best = max(self._free + saving, key=lambda slot: _fit(ticket, slot))  # of equals, the first
+                if best in saving:
+                    continue  # its conversation's slot is still saving after its answer: it waits for that one
             self._free.remove(best)
             self.idle.clear()
             self.states[best] = "prefilling"

@@ -41,6 +41,7 @@ class GenerationStats:
     cached_tokens: int = 0
     queue_wait: Optional[float] = None
     time_to_first_token: Optional[float] = None
+    slot: Optional[int] = None  # the number of the slot it ran on
 
 
 class _Cancel:
@@ -127,6 +128,7 @@ class Session:
             if slot is None:
                 return
             self.stats.queue_wait = time.monotonic() - self.started
+            self.stats.slot = self.model.scheduler.slots.index(slot)
             self.metrics.queue_wait.labels(self.model.id).observe(self.stats.queue_wait)
             channel = ThreadChannel()
             worker = self.model.slot_threads.spawn(_drive, self.job, slot, self.model, cancel, channel)
@@ -160,7 +162,7 @@ class Session:
     def _wait_for_slot(self) -> Iterator[Event]:
         """Wait in the model's slot line, keeping the stream alive; the slot, or None if the wait ended."""
         scheduler = self.model.scheduler
-        ticket = scheduler.wait_for_slot(self.job.prefix, self.job.scope)
+        ticket = scheduler.wait_for_slot(self.job.prefix, self.job.scope, self.job.slot)
         quiet_since = time.monotonic()
         taken = False
         try:

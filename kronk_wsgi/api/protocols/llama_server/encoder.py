@@ -74,6 +74,9 @@ class CompletionEncoder(Encoder):
         done = first if first is not None else time.monotonic() - self.started
         return max(0.0, done - waited)
 
+    def _slot(self) -> int:
+        return self.stats.slot if self.stats.slot is not None else -1
+
     def _timings(self, choice: Choice) -> dict:
         cache = self.cached if choice is self.choices[0] else choice.prompt_tokens
         prompt_n = choice.prompt_tokens - cache
@@ -92,7 +95,8 @@ class CompletionEncoder(Encoder):
 
     def _chunk(self, index: int, content: str, ids: list[int], tokens: list[TokenLogprob]) -> dict:
         choice = self.choices[index]
-        chunk: dict[str, Any] = {"index": index, "content": content, "tokens": ids, "stop": False, "id_slot": 0,
+        chunk: dict[str, Any] = {"index": index, "content": content, "tokens": ids, "stop": False,
+                                 "id_slot": self._slot(),
                                  "tokens_predicted": choice.predicted, "tokens_evaluated": choice.prompt_tokens}
         if self.options["timings_per_token"]:
             chunk["timings"] = self._timings(choice)
@@ -104,7 +108,8 @@ class CompletionEncoder(Encoder):
                tokens: Optional[list[TokenLogprob]]) -> dict:
         choice = self.choices[index]
         final = {
-            "index": index, "content": content, "tokens": ids if self.options["return_tokens"] else [], "id_slot": 0,
+            "index": index, "content": content, "tokens": ids if self.options["return_tokens"] else [],
+            "id_slot": self._slot(),
             "stop": True, "model": self.model, "tokens_predicted": choice.predicted,
             "tokens_evaluated": choice.prompt_tokens, "generation_settings": self.settings,
             "prompt": self.prompt_texts[index // self.n], "has_new_line": "\n" in choice.content,
@@ -153,6 +158,7 @@ class CompletionEncoder(Encoder):
 
     def whole(self, output: list[Event], finished: Finished) -> Union[dict, list]:
         answers = []
+        self.cached = finished.usage.cached_tokens
         first = self.stats.time_to_first_token
         for choice in self.choices:
             choice.first_at = self.started + first if first is not None else None

@@ -134,7 +134,7 @@ class CompletionBody(Sampling):
     grammar: Optional[str] = None
     json_schema: Optional[dict[str, Any]] = None
     cache_prompt: bool = True
-    id_slot: int = -1
+    id_slot: Annotated[int, Field(ge=-1)] = -1  # -1: the free slot that holds most of the prompt
     return_tokens: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
@@ -155,9 +155,6 @@ class CompletionBody(Sampling):
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give json_schema or grammar, not both")
         self.prompts()  # each a prompt: refused here, by name, if not
-        if self.id_slot != -1:
-            raise ValueError("id_slot: requests are given the slot that holds the longest part of their prompt here; "
-                             "send -1")
         return self
 
     def prompts(self) -> list[Mixed]:

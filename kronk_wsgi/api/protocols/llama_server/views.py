@@ -123,6 +123,7 @@ def _complete(body: CompletionBody, build) -> Any:
             stop=tuple(body.stop), max_tokens=body.limit, max_tokens_param="n_predict",
             top_logprobs=body.n_probs or None, token_ids=True, ignore_eos=body.ignore_eos,
             reply_format=grammar_fields(body.grammar, body.json_schema),
+            slot=None if body.id_slot == -1 else body.id_slot,
         )
         session = start_generation(generation)
     options = {"return_tokens": body.return_tokens, "n_probs": body.n_probs, "timings_per_token": body.timings_per_token,

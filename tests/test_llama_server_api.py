@@ -187,6 +187,9 @@ def test_props_and_slots_describe_the_server(ours, theirs):
     ({"prompt": "x", "id_slot": -2}, "id_slot"),
     ({"prompt": [[1, 2], {"multimodal_data": ["AAAA"], "prompt_string": "x"}]}, "multimodal_data"),
     ({"prompt": "x", "n_predict": "many"}, "n_predict"),
+    ({"prompt": "x", "logit_bias": [["Hello", "much"]]}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [[1.5, 1.0]]}, "logit_bias"),
+    ({"prompt": [5, -1]}, "prompt"),
 ])
 def test_what_cannot_be_honoured_is_refused_in_llama_servers_error_shape(ours, body, field):
     reply = requests.post(ours + "/completion", json=body, timeout=30)

@@ -54,10 +54,12 @@ def _bias(tokenizer: Tokenizer, given: Any) -> tuple[tuple[int, float], ...]:
     pairs = given.items() if isinstance(given, dict) else (given or ())
     out = []
     for key, value in pairs:
+        if isinstance(value, str) or value is True:
+            raise invalid(f"logit_bias: the bias of {key!r} must be a number, or false", param="logit_bias")
         bias = float("-inf") if value is False else float(value)
         if isinstance(key, str) and key.isascii() and key.isdigit() and isinstance(given, dict):
             key = int(key)
-        if isinstance(key, bool) or isinstance(key, float):
+        if isinstance(key, (bool, float)):
             raise invalid(f"logit_bias: {key!r} is neither a token id nor a text", param="logit_bias")
         ids = [key] if isinstance(key, int) else tokenizer.encode(key, False)
         out.extend((token, bias) for token in ids)

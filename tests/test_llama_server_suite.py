@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kronk_wsgi.testing import fetch_llama_server_tests, free_port
+from kronk_wsgi.testing import fetch_llama_cpp_templates, fetch_llama_server_tests, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = json.loads((ROOT / "tests" / "data" / "llama_server_suite.json").read_text())
@@ -42,8 +42,10 @@ def outcomes(report: Path) -> dict[str, str]:
 
 
 def test_llama_servers_own_suite_passes_where_it_can(smollm2, tmp_path):
-    suite = tmp_path / "tests"
+    tree = tmp_path / "llama.cpp"  # the suite finds chat templates at ../../../models/templates
+    suite = tree / "tools" / "server" / "tests"
     shutil.copytree(fetch_llama_server_tests(), suite)
+    shutil.copytree(fetch_llama_cpp_templates(), tree / "models" / "templates")
     shim = tmp_path / "llama-server"
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'support' / 'llama_server_shim.py'} \"$@\"\n")
     shim.chmod(0o755)

@@ -157,8 +157,7 @@ class Encoder(abc.ABC):
             yield from self.start()
         writers = {
             TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, TokenIds: self.token_ids,
-            ToolCall: self.tool_call,
-            ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
+            ToolCall: self.tool_call, ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
         }
         for event in events:
             if isinstance(event, KeepAlive):

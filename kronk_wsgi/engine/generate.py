@@ -91,8 +91,8 @@ class DecodeOptions:
     thinking). A reply that starts inside a thinking block ended by
     ``thinking_close`` is made to close it after ``thinking_budget`` tokens:
     the tag's tokens are forced then. With ``top_logprobs`` (0 or more), each
-    sampled token is reported with its log probability; with ``token_ids``, each generated token's id (an end
-    token's too).
+    sampled token is reported with its log probability; with ``token_ids``,
+    each generated token's id (an end token's too).
     """
 
     end_ids: frozenset[int]
@@ -112,12 +112,11 @@ class DecodeOptions:
 class Generation:
     """One reply on one slot, decoded as ``options`` say; iterate it for text deltas.
 
-    Sampled tokens are added to ``sampled`` with their log probabilities when
-    the options ask for them; the caller takes them as the text they make comes
-    out; so are the generated tokens' ids (``token_ids``) when the options ask for them. ``choice`` numbers
-    the replies to one prompt: each draws its own
-    random numbers. The prefill saves the prompt's prefix at each of
-    ``save_at`` (see ``Slot.prefill``). After iteration ``finish_reason`` is
+    Sampled tokens are added to ``sampled`` with their log probabilities, and
+    generated tokens' ids to ``token_ids``, when the options ask for them; the
+    caller takes them as the text they make comes out. ``choice`` numbers the
+    replies to one prompt: each draws its own random numbers. The prefill
+    saves the prompt's prefix at each of ``save_at`` (see ``Slot.prefill``). After iteration ``finish_reason`` is
     "stop" (an end token, a stop sequence or a complete grammar) or "length" (max_tokens or the
     context window), ``stop_sequence`` is the stop sequence that ended it, if
     one did, ``window_full`` says the context window has no room left, and

@@ -133,8 +133,8 @@ class Failed:
     message: str
 
 
-Event = (TextDelta | ReasoningDelta | Logprobs | TokenIds | ToolCall | ChoiceEnd | Embedding | KeepAlive | PromptCached | Finished
-         | Failed)
+Event = (TextDelta | ReasoningDelta | Logprobs | TokenIds | ToolCall | ChoiceEnd | Embedding | KeepAlive | PromptCached
+         | Finished | Failed)
 KEEPALIVE = KeepAlive()
 
 

@@ -5,8 +5,8 @@ and one line here.
 """
 
 from . import (
-    admin, anthropic, console, llama_server, ollama, openai_chat, openai_completions, openai_embeddings, openai_responses,
-    service, sglang, tokens,
+    admin, anthropic, console, llama_server, ollama, openai_chat, openai_completions, openai_embeddings,
+    openai_responses, service, sglang, tokens,
 )
 from ..protocol import Protocols
 

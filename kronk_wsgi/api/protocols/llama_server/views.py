@@ -128,8 +128,9 @@ def _complete(body: CompletionBody, build) -> Any:
             slot=None if body.id_slot == -1 else body.id_slot,
         )
         session = start_generation(generation)
-    options = {"return_tokens": body.return_tokens, "n_probs": body.n_probs, "timings_per_token": body.timings_per_token,
-               "return_progress": body.return_progress, "response_fields": body.response_fields}
+    options = {"return_tokens": body.return_tokens, "n_probs": body.n_probs,
+               "timings_per_token": body.timings_per_token, "return_progress": body.return_progress,
+               "response_fields": body.response_fields}
     encoder = CompletionEncoder(model_id, prompts, texts, body.n_cmpl, generation_settings(body, model_id, context),
                                 options, session.stats, record().started)
     return respond(session, encoder, body.stream)
@@ -252,5 +253,6 @@ def health():
     status = readiness_status()
     if status == "ready":
         return jsonify({"status": "ok"})
-    message = {"loading": "Loading model", "draining": "the server is shutting down"}.get(status, "the model failed to load")
+    message = {"loading": "Loading model", "draining": "the server is shutting down"}.get(
+        status, "the model failed to load")
     raise ApiError(503, message, code="unavailable")

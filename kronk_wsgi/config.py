@@ -139,6 +139,9 @@ class Settings(BaseModel):
     # together); "shared", every key's together (one tenant with many keys). Timing and cached_tokens would
     # otherwise tell one key what another sent.
     prompt_cache_scope: Literal["key", "shared"] = "key"
+    # A request naming a model this server does not know: "not_found" (a 404), or "default": served by the default
+    # model, as llama-server serving one model serves any name (for clients that send a name of their own).
+    unknown_model: Literal["not_found", "default"] = "not_found"
     # Where llama-server's POST /slots/{id}?action=save and restore keep their files; None: those actions are off.
     slot_save_path: Optional[str] = None
     bind: str = "127.0.0.1:8000"

@@ -304,3 +304,16 @@ def test_a_slot_is_saved_erased_and_restored(smollm2, tmp_path):
         assert server.post("/slots/5?action=save", {"filename": "x.bin"}).status_code == 400
         assert server.post("/slots/0?action=fly", {}).status_code == 400
         assert not (tmp_path / "cat.bin").exists()
+
+
+def test_any_model_name_is_served_by_the_default_model_when_asked(smollm2, tmp_path):
+    """With unknown_model "default", a name this server does not know is the default model's, as llama-server
+    serving one model takes any name; without it, a 404."""
+    models = {"smollm2": {"path": str(smollm2), "engine": "llama.cpp", "context_length": CONTEXT}}
+    chat = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models), "KRONK_UNKNOWN_MODEL": "default"}) as server:
+        reply = server.post("/v1/chat/completions", chat)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+        assert server.completed()[-1]["model"] == "smollm2"  # logged by the model that served it
+    with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models)}) as server:
+        assert server.post("/v1/chat/completions", chat).status_code == 404

@@ -45,7 +45,7 @@ def claim_model(model_id: str) -> LoadedModel:
     larger than the memory budget. Only a configured
     id is recorded: logs and metric labels never carry what a client made up.
     """
-    known_model(model_id)
+    model_id = known_model(model_id)
     rec = record()
     rec.model = model_id
     asked = time.monotonic()
@@ -65,14 +65,19 @@ def claim_model(model_id: str) -> LoadedModel:
     return model
 
 
-def known_model(model_id: str) -> None:
-    """404 unless the model is configured or a file pulled into the hub's cache (named
-    ``hf.co/{owner}/{repo}:{tag}``; the hub's cache is looked at off the event loop)."""
-    models = state().models
+def known_model(model_id: str) -> str:
+    """The id of the model that serves ``model_id``: itself if it is configured or a file pulled into the hub's
+    cache (named ``hf.co/{owner}/{repo}:{tag}``; the hub's cache is looked at off the event loop). Any other name
+    is a 404, or the default model's with the unknown_model setting "default"."""
+    kronk = state()
+    models = kronk.models
     if model_id in models:
-        return
+        return model_id
     if hub_source(model_id) is None or offload.call(gevent.get_hub().threadpool, models.find, model_id) != model_id:
+        if kronk.settings.unknown_model == "default":
+            return kronk.settings.default_model
         raise model_not_found(model_id)
+    return model_id
 
 
 def start_generation(request: GenerationRequest) -> Session:

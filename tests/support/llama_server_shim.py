@@ -66,7 +66,9 @@ def main(argv: list[str]) -> None:
     elif "--chat-template" in options:
         spec["chat_template"] = options["--chat-template"]
     name = options.get("--alias") or Path(path).name
-    env = {**os.environ, "KRONK_MODELS": json.dumps({name: spec}), "KRONK_PARALLEL": str(parallel)}
+    # llama-server serving one model serves it under any name its clients send
+    env = {**os.environ, "KRONK_MODELS": json.dumps({name: spec}), "KRONK_PARALLEL": str(parallel),
+           "KRONK_UNKNOWN_MODEL": "default"}
     if "--api-key" in options:
         env["KRONK_API_KEYS"] = options["--api-key"]
     if "--threads" in options:

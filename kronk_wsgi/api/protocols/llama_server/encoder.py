@@ -4,8 +4,9 @@ import dataclasses
 import time
 from typing import Any, Iterator, Optional, Union
 
-from ....serving.events import ChoiceEnd, Event, Failed, Finished, Logprobs, PromptCached, TextDelta, TokenIds, \
-    TokenLogprob
+from ....serving.events import (
+    ChoiceEnd, Event, Failed, Finished, Logprobs, PromptCached, TextDelta, TokenIds, TokenLogprob,
+)
 from ....serving.session import GenerationStats
 from ...errors import ApiError
 from ...response import Encoder
@@ -63,7 +64,6 @@ class CompletionEncoder(Encoder):
         self.started = started
         self.choices = [Choice(len(prompt)) for prompt in prompts for _ in range(n)]
         self.cached = 0
-        self.chunk_ids: list[int] = []
 
     def prompt_cached(self, event: PromptCached) -> None:
         self.cached = event.usage.cached_tokens

@@ -303,6 +303,9 @@ def test_a_slot_is_saved_erased_and_restored(smollm2, tmp_path):
             reply = server.post("/slots/0?action=save", {"filename": name})
             assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error", name
         assert server.post("/slots/0?action=restore", {"filename": "none.bin"}).status_code == 404
+        (tmp_path / "slots" / "bad.bin").write_bytes(b"kronk_wsgi slot state\n" + (5).to_bytes(8, "little") + b"{oops")
+        reply = server.post("/slots/0?action=restore", {"filename": "bad.bin"})
+        assert reply.status_code == 400 and "damaged" in reply.json()["error"]["message"]
         assert server.post("/slots/5?action=save", {"filename": "x.bin"}).status_code == 400
         assert server.post("/slots/0?action=fly", {}).status_code == 400
         assert not (tmp_path / "cat.bin").exists()

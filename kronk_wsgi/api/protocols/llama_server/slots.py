@@ -67,12 +67,16 @@ def _restore(slot: Slot, identity: str, path: Path, scope: str) -> tuple[int, in
         raise invalid(f"{path.name!r} is not a slot file of this server", param="filename")
     size = int.from_bytes(data[len(MAGIC):len(MAGIC) + 8], "little")
     start = len(MAGIC) + 8 + size
-    header = json.loads(data[len(MAGIC) + 8:start])
+    try:
+        header = json.loads(data[len(MAGIC) + 8:start])
+        tokens = [int(token) for token in header["tokens"]]
+    except (ValueError, KeyError, TypeError):
+        raise invalid(f"{path.name!r} is damaged", param="filename") from None
     if header.get("identity") != identity:
         raise invalid(f"{path.name!r} was saved from another model, engine or context size", param="filename")
     slot.enter(scope)
-    slot.load_state(memoryview(data)[start:], header["tokens"])
-    return len(header["tokens"]), len(data)
+    slot.load_state(memoryview(data)[start:], tokens)
+    return len(tokens), len(data)
 
 
 def _erase(slot: Slot) -> int:
@@ -122,6 +126,9 @@ def slot_action(number: int):
                 tokens, size = _holding(model, number, lambda slot: _restore(slot, identity, path, scope))
         except EngineError as exc:
             raise ApiError(500, f"the slot's state could not be {action}d: {exc}", code="engine_error") from None
+        except OSError as exc:
+            raise ApiError(500, f"the slot file could not be {'written' if action == 'save' else 'read'}: "
+                           f"{exc.strerror}", code="slot_file_error") from None
         ms = (time.monotonic() - started) * 1000
         if action == "save":
             return jsonify({"id_slot": number, "filename": path.name, "n_saved": tokens, "n_written": size,

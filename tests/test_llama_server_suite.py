@@ -26,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = json.loads((ROOT / "tests" / "data" / "llama_server_suite.json").read_text())
 FILES = sorted({test.split("::")[0] for test in EXPECTED["tests"]})
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") and not os.environ.get("KRONK_TEST_LLAMA_SERVER"),
-    reason="the suite runs on the llama.cpp engine (KRONK_TEST_REQUIRE_LLAMACPP)")
+ENGINE = os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") or os.environ.get("KRONK_TEST_LLAMA_SERVER")
+pytestmark = [
+    pytest.mark.skipif(not ENGINE, reason="the suite runs on the llama.cpp engine (KRONK_TEST_REQUIRE_LLAMACPP)"),
+    pytest.mark.timeout(1800),  # a server started and stopped per test: about 7 minutes
+]
 
 
 def outcomes(report: Path) -> dict[str, str]:

@@ -6,6 +6,7 @@ import pydantic
 from flask import Blueprint, jsonify
 from pydantic import Field
 
+from ...serving.pool import LoadedModel
 from ..body import parse_body
 from ..errors import invalid
 from ..planning import render_chat
@@ -59,9 +60,14 @@ def detokenize():
     """The text some tokens stand for."""
     body = parse_body(DetokenizeRequest)
     with use_model(body.model) as model:
-        vocab = model.engine.tokenizer.vocab_size
-        for index, token in enumerate(body.tokens):
-            if token >= vocab:
-                raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})",
-                              param=f"tokens[{index}]")
-        return jsonify({"text": model.detokenize(body.tokens).decode("utf-8", errors="replace")})
+        return jsonify({"text": text_of(model, body.tokens)})
+
+
+def text_of(model: LoadedModel, tokens: list[int]) -> str:
+    """The text of ``tokens``; 400 naming the first that is not in the model's vocabulary."""
+    vocab = model.engine.tokenizer.vocab_size
+    for index, token in enumerate(tokens):
+        if token >= vocab:
+            raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})",
+                          param=f"tokens[{index}]")
+    return model.detokenize(tokens).decode("utf-8", errors="replace")

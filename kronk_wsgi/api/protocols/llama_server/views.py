@@ -18,6 +18,7 @@ from ...schemas import grammar_fields, template_tool, template_variables
 from ...sessions import start_generation, use_model
 from ...state import record, state
 from ..service import readiness_status
+from ..tokens import text_of
 from .encoder import CompletionEncoder
 from .protocol import bp
 from .schemas import (
@@ -120,8 +121,13 @@ def _complete(body: CompletionBody, build) -> Any:
     model_id = _model(body.model)
     with use_model(model_id) as model:
         tokenizer, context = model.engine.tokenizer, model.engine.context_length
-        prompts, bias = offload.call(model.prep, lambda: (build(tokenizer, context), _bias(tokenizer, body.logit_bias)))
-        texts = offload.call(model.prep, lambda: [tokenizer.decode(p).decode("utf-8", "replace") for p in prompts])
+
+        def prepare() -> tuple[list[list[int]], tuple[tuple[int, float], ...], list[str]]:
+            built = build(tokenizer, context)
+            return built, _bias(tokenizer, body.logit_bias), [tokenizer.decode(p).decode("utf-8", "replace")
+                                                              for p in built]
+
+        prompts, bias, texts = offload.call(model.prep, prepare)
         window = context if body.repeat_last_n == -1 else body.repeat_last_n
         generation = GenerationRequest(
             model_id, prompt_param="prompt", prompts=prompts, n=body.n_cmpl, sampling=body.sampling(bias, window),
@@ -183,12 +189,7 @@ def detokenize():
     """The text of some tokens."""
     body = parse_body(DetokenizeBody, json_type=False)
     with use_model(_model(body.model)) as model:
-        vocab = model.engine.tokenizer.vocab_size
-        for index, token in enumerate(body.tokens):
-            if token >= vocab:
-                raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})",
-                              param=f"tokens[{index}]")
-        return jsonify({"content": model.detokenize(body.tokens).decode("utf-8", errors="replace")})
+        return jsonify({"content": text_of(model, body.tokens)})
 
 
 @bp.post("/apply-template")
@@ -247,7 +248,7 @@ def slots():
              "is_processing": slot_state != "idle", "state": slot_state,
              "next_token": {"has_next_token": slot_state != "idle", "has_new_line": False, "n_remain": -1,
                             "n_decoded": 0, "stopping_word": ""}}
-            for number, slot_state in enumerate(states.values())
+            for number, slot_state in enumerate(states[slot] for slot in model.scheduler.slots)
         ])
 
 

@@ -45,7 +45,6 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -63,7 +62,7 @@ from kronk_wsgi.engine.demo_model import ensure_demo_model  # noqa: E402
 from kronk_wsgi.engine.generate import DecodeOptions, Generation  # noqa: E402
 from kronk_wsgi.engine.grammar import Constraint, Grammar, json_schema_grammar  # noqa: E402
 from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
-from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, free_port, metric, run_server  # noqa: E402
+from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, metric, run_llama_server, run_server  # noqa: E402
 from kronk_wsgi.testing.balancers import run_nginx, run_router  # noqa: E402
 from kronk_wsgi.testing.storm import storm  # noqa: E402
 from stalls import stall_probes  # noqa: E402
@@ -345,24 +344,8 @@ def serving_measures(tokens: int, round_: int) -> list[tuple[str, Callable[[str]
 @contextlib.contextmanager
 def llama_server_running(binary: str, path: Path, slots: int, threads: int, context: int):
     """llama-server on the same file, as a user would start it: ``slots`` slots of ``context`` tokens."""
-    port = free_port()
-    proc = subprocess.Popen([binary, "-m", str(path), "--port", str(port), "-np", str(slots), "-t", str(threads),
-                             "-c", str(context * slots)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.2)
+    with run_llama_server(binary, path, ["-np", str(slots), "-t", str(threads), "-c", str(context * slots)]) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 ENGINE_MEASURES = [

@@ -11,7 +11,6 @@ import concurrent.futures
 import json
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 import requests
 
 from kronk_wsgi.engine.gguf_file import Field, read_gguf, write_gguf_copy
-from kronk_wsgi.testing import free_port, run_server
+from kronk_wsgi.testing import run_llama_server, run_server
 
 BINARY = os.environ.get("KRONK_TEST_LLAMA_SERVER")
 CONTEXT = 2048
@@ -52,26 +51,9 @@ def ours(fim_model, tmp_path_factory):
 def theirs(fim_model):
     if not BINARY:
         pytest.skip("llama-server is not built here (.ci/run builds it: KRONK_TEST_LLAMA_SERVER)")
-    port = free_port()
-    proc = subprocess.Popen([BINARY, "-m", str(fim_model), "--port", str(port), "--host", "127.0.0.1",
-                             "-c", str(CONTEXT), "-np", "1", "-t", "1", "--no-webui", "--jinja", "--metrics"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "llama-server exited"
-            try:
-                if requests.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "llama-server did not start"
-            time.sleep(0.2)
+    with run_llama_server(BINARY, fim_model, ["-c", str(CONTEXT), "-np", "1", "-t", "1", "--no-webui", "--jinja",
+                                              "--metrics"]) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def both(ours: str, theirs: str, path: str, body: dict) -> tuple[dict, dict]:

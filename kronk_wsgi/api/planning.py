@@ -20,7 +20,7 @@ from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_gr
 from ..engine.sampling import SamplingParams
 from ..serving import offload
 from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
-from ..serving.jobs import EmbeddingJob, GenerationJob, ReplyReading
+from ..serving.jobs import EmbeddingJob, GenerationJob, RerankJob, ReplyReading
 from ..serving.pool import LoadedModel
 from ..serving.reasoning import opens_thinking, reasoning_of
 from .errors import ApiError, invalid
@@ -264,6 +264,9 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, tru
                    scope: str = "") -> EmbeddingJob:
     """The job that embeds each input on ``model``; 400 if one does not fit its context, unless ``truncate``
     keeps the tokens that fit."""
+    if model.engine.reranker:
+        raise invalid(f"model {model.id!r} is a reranker: it scores documents against a query (POST /v1/rerank) and "
+                      "gives no embeddings", param="model")
     context = model.engine.context_length
     token_lists = []
     for index, given in enumerate(inputs):
@@ -278,6 +281,39 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, tru
                           param=param, code="context_length_exceeded")
         token_lists.append(tokens)
     return EmbeddingJob(token_lists, scope)
+
+
+def plan_rerank(model: LoadedModel, query: str, documents: Sequence[str], param: str,
+                max_document_tokens: Optional[int] = None) -> RerankJob:
+    """The job that scores each of ``documents`` against ``query`` on a reranker, each pair in the file's rerank
+    prompt, else in its tokenizer's pair layout; with ``max_document_tokens``, a longer document is cut to that
+    many tokens first. 400 if the model is no reranker, or a pair is empty or does not fit its context."""
+    engine = model.engine
+    if not engine.reranker:
+        raise invalid(f"model {model.id!r} is not a reranker: its file does not score by rank", param="model")
+    context, tokenizer, template = engine.context_length, engine.tokenizer, engine.rerank_template
+
+    def pair(document: str) -> list[int]:
+        if max_document_tokens is not None:
+            tokens = tokenizer.encode(document, specials=False)
+            if len(tokens) > max_document_tokens:
+                document = tokenizer.decode(tokens[:max_document_tokens]).decode("utf-8", "ignore")
+        if template is not None:
+            return tokenizer.encode(template.replace("{query}", query).replace("{document}", document))
+        return tokenizer.pair(query, document)
+
+    for index, document in enumerate(documents):
+        if max_document_tokens is None and tokenizer.fewest_tokens(query + document) > context:
+            raise invalid(f"document {index} with the query cannot fit this model's context of {context} tokens",
+                          param=param, code="context_length_exceeded")
+    token_lists = offload.call(model.prep, lambda: [pair(document) for document in documents])
+    for index, tokens in enumerate(token_lists):
+        if not tokens:
+            raise invalid(f"document {index} with the query makes no tokens", param=param)
+        if len(tokens) > context:
+            raise invalid(f"document {index} with the query makes {len(tokens)} tokens; this model's context is "
+                          f"{context}", param=param, code="context_length_exceeded")
+    return RerankJob(token_lists)
 
 
 def render_chat(

@@ -8,7 +8,7 @@ real HTTP errors.
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import flask
 import gevent
@@ -22,7 +22,7 @@ from ..serving.scheduler import ClientGone, Overloaded, QueueFull
 from ..serving.session import Session
 from .client import client_watch
 from .errors import ApiError, invalid, model_not_found
-from .planning import GenerationRequest, Prompt, check, plan, plan_embedding
+from .planning import GenerationRequest, Prompt, check, plan, plan_embedding, plan_rerank
 from .state import record, state
 
 
@@ -132,6 +132,12 @@ def start_embedding(model_id: str, inputs: Sequence[Prompt], param: str, truncat
     """Admit and plan the embedding of ``inputs`` (with ``truncate``, cut to the context); return its session."""
     scope = cache_scope()
     return _start(model_id, lambda model: plan_embedding(model, inputs, param, truncate, scope))
+
+
+def start_rerank(model_id: str, query: str, documents: Sequence[str], param: str,
+                 max_document_tokens: Optional[int] = None) -> Session:
+    """Admit and plan the scoring of ``documents`` against ``query`` (see plan_rerank); return its session."""
+    return _start(model_id, lambda model: plan_rerank(model, query, documents, param, max_document_tokens))
 
 
 def cache_scope() -> str:

@@ -71,7 +71,8 @@ class Slot(abc.ABC):
 
     @abc.abstractmethod
     def embedding(self) -> np.ndarray:
-        """The model's final hidden state for the last evaluated token (a copy, float32)."""
+        """The model's final hidden state for the last evaluated token; or, for a model that pools by the last token,
+        its pooled output (a reranker's scores). A copy, float32."""
 
     def prefill(
         self,
@@ -200,6 +201,10 @@ class Slot(abc.ABC):
         if not waited_for:
             cache.write_deferred()
 
+    def rank(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> np.ndarray:
+        """A reranker's scores of a whole prompt (a query and a document); see Engine.reranker."""
+        raise EngineError(f"{type(self).__name__} cannot rank")
+
     def save_state(self) -> bytes:
         """The KV state of the tokens the slot holds (engines with a state API: see PromptCache)."""
         raise EngineError(f"{type(self).__name__} cannot save its state")
@@ -232,6 +237,8 @@ class Engine(abc.ABC):
     context_length: int
     tokenizer: Tokenizer
     chat_template: Optional[str]  # the file's own, if it has one
+    reranker = False  # it scores a query and a document: its slots' embedding() is its classification head's output
+    rerank_template: Optional[str] = None  # the file's prompt for a query and a document, if it has one
     kind: "EngineKind"  # set when its kind loads it
 
     @abc.abstractmethod

@@ -285,7 +285,14 @@ class _Batcher:
     def __init__(self, ctx, n_vocab: int, n_embd: int, seqs: int) -> None:
         self._ctx = ctx
         self._n_vocab = n_vocab
-        self._n_embd = n_embd
+        pooling = llama_cpp.llama_pooling_type(ctx)
+        # What an embedding call gives: the last token's hidden state; or, where the model pools by the last token,
+        # the pooled output of its sequence (a reranker's: the scores of its classification head). A pooling over
+        # every token (mean, CLS) needs the whole prompt in the call that pools: none is given.
+        self._pooled = pooling in (llama_cpp.LLAMA_POOLING_TYPE_LAST, llama_cpp.LLAMA_POOLING_TYPE_RANK)
+        self._n_embd = (llama_cpp.llama_model_n_cls_out(llama_cpp.llama_get_model(ctx))
+                        if pooling == llama_cpp.LLAMA_POOLING_TYPE_RANK else n_embd)
+        self._embeds = self._pooled or pooling == llama_cpp.LLAMA_POOLING_TYPE_NONE
         self.waiting: list[_Call] = []  # guarded by the decode thread's lock, as is running
         self.running: list[_Call] = []  # the calls of the llama_decode under way
         self.abort = _AbortFlag(ctx)
@@ -372,6 +379,9 @@ class _Batcher:
                 call.error = f"llama_decode failed with status {status}"
                 call.aborted = status == 2
                 continue
+            if call.wants_embedding:
+                call.embedding = self._embedding(call.seq, index)
+                continue
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
             if call.pick is None:
                 call.logits = logits.copy()
@@ -382,9 +392,13 @@ class _Batcher:
                     call.picked = call.pick(logits)
                 except Exception as exc:  # the slot's thread raises it
                     call.pick_error = exc
-            embedding = llama_cpp.llama_get_embeddings_ith(self._ctx, index) if embeddings else None
-            if embedding:
-                call.embedding = np.ctypeslib.as_array(embedding, shape=(self._n_embd,)).copy()
+
+    def _embedding(self, seq: int, index: int) -> Optional[np.ndarray]:
+        if not self._embeds:
+            return None
+        found = (llama_cpp.llama_get_embeddings_seq(self._ctx, seq) if self._pooled
+                 else llama_cpp.llama_get_embeddings_ith(self._ctx, index))
+        return np.ctypeslib.as_array(found, shape=(self._n_embd,)).copy() if found else None
 
 
 class LlamaCppSlot(Slot):
@@ -431,6 +445,24 @@ class LlamaCppSlot(Slot):
         if call.pick_error is not None:
             raise call.pick_error
         return call.picked
+
+    def rank(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> np.ndarray:
+        """The prompt evaluated whole, from its first token, in calls of BATCH tokens (the last with embeddings on), as
+        llama-server evaluates it: a pair scores the same whatever the slot held before, which a reused prefix would
+        change in the last digits. The slot holds nothing after."""
+        self._cancelled = cancelled
+        self._embedding = None
+        try:
+            for start in range(0, len(tokens), BATCH):
+                if cancelled():
+                    raise Cancelled()
+                self._eval(tokens[start:start + BATCH], start, embedding=start + BATCH >= len(tokens))
+        finally:
+            self._cancelled = None
+            self.cached = []
+        if self._embedding is None:
+            raise EngineError("this model gives no scores")
+        return self._embedding.copy()
 
     def reusable(self, keep: int) -> int:
         window = self._engine._n_swa
@@ -514,6 +546,8 @@ class LlamaCppEngine(Engine):
         model = read_gguf(path)
         self.tokenizer = GGUFTokenizer(model)
         self.chat_template = model.chat_template
+        self.reranker = model.arch_value("pooling_type") == llama_cpp.LLAMA_POOLING_TYPE_RANK
+        self.rerank_template = model.get("tokenizer.chat_template.rerank")
         self.context_length = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
         _start_backend()
         params = llama_cpp.llama_model_default_params()

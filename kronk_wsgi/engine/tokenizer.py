@@ -105,6 +105,8 @@ class Tokenizer(abc.ABC):
     eos_id: Optional[int]
     add_bos: bool  # prompts start with BOS
     add_eos: bool  # prompts end with EOS
+    sep_id: Optional[int] = None
+    add_sep: bool = False  # a pair of texts (a query and a document) has SEP between them
     end_ids: frozenset[int]  # tokens that end generation
     control: dict[str, int]  # control tokens by their text
     longest_piece: int  # bytes of the longest token
@@ -142,6 +144,15 @@ class Tokenizer(abc.ABC):
         if self.add_eos and ids[-1:] != [self.eos_id]:
             ids.append(self.eos_id)
         return ids
+
+    def pair(self, first: str, second: str) -> list[int]:
+        """Token ids of two texts read together (a reranker's query and document), laid out as llama.cpp lays them
+        out for a file without a prompt of its own: [BOS] first [EOS] [SEP] second [EOS], each as the file asks;
+        the texts' control tokens are plain text."""
+        bos = [self.bos_id] if self.add_bos else []
+        eos = [self.eos_id] if self.add_eos else []
+        sep = [self.sep_id] if self.add_sep else []
+        return bos + self.encode(first, specials=False) + eos + sep + self.encode(second, specials=False) + eos
 
 
 # Fill-in-the-middle tokens by role, by the texts llama.cpp knows them by where a file's metadata names none.
@@ -216,6 +227,8 @@ class GGUFTokenizer(Tokenizer):
         self.eos_id = special("eos_token_id")
         self.add_bos = bool(get("tokenizer.ggml.add_bos_token", add_bos)) and self.bos_id is not None
         self.add_eos = bool(get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
+        self.sep_id = special("seperator_token_id")  # GGUF's spelling
+        self.add_sep = bool(get("tokenizer.ggml.add_sep_token", False)) and self.sep_id is not None
         self.texts = tokens
         self.types = types
         self.control = control_tokens(gguf_file)

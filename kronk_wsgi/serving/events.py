@@ -86,7 +86,7 @@ class ToolCall:
 
 @dataclasses.dataclass(frozen=True)
 class Embedding:
-    """The embedding vector of the ``index``-th input."""
+    """The model's vector for the ``index``-th input: its embedding, or a reranker's scores."""
 
     index: int
     vector: np.ndarray  # float32

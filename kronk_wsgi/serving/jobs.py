@@ -222,3 +222,23 @@ class EmbeddingJob:
             norm = float(np.linalg.norm(vector))
             yield Embedding(index, vector / norm if norm > 0 else vector)
         yield Finished(Usage(self.prompt_tokens, 0))
+
+
+class RerankJob:
+    """Score each prompt (a query and one document) with a reranker: its classification head's output."""
+
+    completion_tokens = 0
+    cached_tokens = 0
+    slot = None
+    prefix: list[int] = []  # nothing is reused (Slot.rank): any slot will do
+
+    def __init__(self, inputs: list[list[int]], scope: str = "") -> None:
+        self.inputs = inputs
+        self.scope = scope
+        self.prompt_tokens = sum(len(tokens) for tokens in inputs)
+
+    def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
+        slot.keep_state(waited_for=True)  # what the slot held stays findable: ranking overwrites it
+        for index, tokens in enumerate(self.inputs):
+            yield Embedding(index, slot.rank(tokens, cancelled))
+        yield Finished(Usage(self.prompt_tokens, 0))

@@ -221,6 +221,32 @@ def metric(server: Server, name: str, **labels) -> float:
 
 
 @contextlib.contextmanager
+def run_llama_server(binary: str, model: Path, args: Sequence[str] = ()) -> Iterator[str]:
+    """llama.cpp's llama-server on ``model`` with its own ``args``, until it answers /health; its URL."""
+    port = free_port()
+    proc = subprocess.Popen([binary, "-m", str(model), "--port", str(port), "--host", "127.0.0.1", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}")
+            try:
+                if requests.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("llama-server did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
 def run_server(tmp_path: Path, env: Mapping[str, object], args: Sequence[str] = (), ready: str = "/v1/readiness",
                root: Path = Path(__file__).resolve().parents[2]) -> Iterator[Server]:
     """Start the server with KRONK_* ``env`` (importing kronk_wsgi from ``root``); wait until ``ready`` answers 200.

@@ -5,7 +5,7 @@ and one line here.
 """
 
 from . import (
-    admin, anthropic, console, llama_server, ollama, openai_chat, openai_completions, openai_embeddings,
+    admin, anthropic, cohere, console, llama_server, ollama, openai_chat, openai_completions, openai_embeddings,
     openai_responses, service, sglang, tokens,
 )
 from ..protocol import Protocols
@@ -23,4 +23,5 @@ PROTOCOLS = Protocols([
     sglang.PROTOCOL,
     ollama.PROTOCOL,
     llama_server.PROTOCOL,
+    cohere.PROTOCOL,
 ])

@@ -22,7 +22,7 @@ def error_body(error: ApiError) -> dict:
 PROTOCOL = Protocol(
     "llama_server", bp, error_body=error_body,
     prefixes=("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/health",
-              "/v1/health", "/models"),
+              "/v1/health", "/models", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking"),
     open_paths=("/health", "/v1/health"),
     admin_paths=("/slots/",),  # saving, restoring and erasing a slot's state
 )

@@ -7,6 +7,7 @@ import pydantic
 from pydantic import Field
 
 from ....engine.sampling import SamplingParams
+from ...ranking import Documents
 from ...schemas import ChatMessage, ChatTool, Strict
 
 # llama-server's samplers, in the one order this server applies the ones it has (penalties come first here).
@@ -225,3 +226,22 @@ class ApplyTemplateBody(Strict):
     tools: Optional[list[ChatTool]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     add_generation_prompt: bool = True
+
+
+class RerankBody(Strict):
+    """Jina's shape (``documents``), or Hugging Face TEI's (``texts``, answered as TEI answers); ``return_text``
+    is TEI's, ``return_documents`` Jina's and Cohere's."""
+
+    model: Optional[str] = None
+    query: str
+    documents: Optional[Documents] = None
+    texts: Optional[Annotated[list[str], Field(min_length=1, max_length=10_000)]] = None
+    top_n: Optional[Annotated[int, Field(ge=0)]] = None
+    return_text: bool = False
+    return_documents: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _some_documents(self) -> "RerankBody":
+        if self.documents is None and self.texts is None:
+            raise ValueError("documents must be a non-empty array of strings")
+        return self

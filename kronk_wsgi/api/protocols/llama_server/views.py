@@ -13,6 +13,7 @@ from ....serving.pool import LoadedModel
 from ...body import parse_body
 from ...errors import ApiError, invalid
 from ...planning import GenerationRequest, render_chat
+from ...ranking import document_text, rank
 from ...response import respond
 from ...schemas import grammar_fields, template_tool, template_variables
 from ...sessions import start_generation, use_model
@@ -22,7 +23,7 @@ from ..tokens import text_of
 from .encoder import CompletionEncoder
 from .protocol import bp
 from .schemas import (
-    SAMPLER_ORDER, ApplyTemplateBody, CompletionBody, DetokenizeBody, InfillBody, Mixed, TokenizeBody,
+    SAMPLER_ORDER, ApplyTemplateBody, CompletionBody, DetokenizeBody, InfillBody, Mixed, RerankBody, TokenizeBody,
 )
 
 FIM_BATCH = 2048  # the batch llama-server fits an infill's prefix and suffix into (its default)
@@ -203,6 +204,27 @@ def apply_template():
                              variables=template_variables(None, body.chat_template_kwargs),
                              generation_prompt=body.add_generation_prompt)
         return jsonify({"prompt": prompt.text})
+
+
+@bp.post("/rerank")
+@bp.post("/reranking")
+@bp.post("/v1/rerank")
+@bp.post("/v1/reranking")
+def rerank():
+    """The documents scored against the query by a reranker model, best first: in Jina's shape, or in TEI's when the
+    body gives ``texts``."""
+    body = parse_body(RerankBody, json_type=False)
+    tei = body.texts is not None
+    texts = [document_text(d) for d in body.documents] if body.documents is not None else body.texts
+    param = "documents" if body.documents is not None else "texts"
+    model_id = _model(body.model)
+    ranking = rank(model_id, body.query, texts, param, body.top_n)
+    results = ranking.entries(texts, body.return_documents, "score" if tei else "relevance_score",
+                              tei and body.return_text)
+    if tei:
+        return jsonify(results)
+    usage = {"prompt_tokens": ranking.prompt_tokens, "total_tokens": ranking.prompt_tokens}
+    return jsonify({"model": model_id, "object": "list", "usage": usage, "results": results})
 
 
 def _slot_settings(model: LoadedModel) -> dict:

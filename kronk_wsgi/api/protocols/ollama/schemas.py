@@ -6,6 +6,7 @@ import pydantic
 
 from ....engine.sampling import SamplingParams
 from ...errors import invalid
+from ...ranking import Documents
 from ...schemas import FunctionDefinition, Strict, template_tool_call
 
 Duration = Union[int, float, str]
@@ -154,6 +155,17 @@ class EmbedBody(Strict):
     options: Optional[Options] = None
     keep_alive: Optional[Duration] = None
     dimensions: Optional[int] = None
+
+
+class RerankBody(Strict):
+    """The shape Ollama's reranking pull requests give /api/rerank (Ollama has not released one)."""
+
+    model: Annotated[str, pydantic.Field(min_length=1)]
+    query: str
+    documents: Documents
+    top_n: Optional[Annotated[int, pydantic.Field(ge=0)]] = None
+    return_documents: bool = False
+    keep_alive: Optional[Duration] = None
 
 
 class EmbeddingsBody(Strict):

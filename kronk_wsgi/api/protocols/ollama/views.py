@@ -12,6 +12,7 @@ from ....serving.reasoning import reasons
 from ...body import parse_body
 from ...errors import ApiError, invalid
 from ...planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from ...ranking import document_text, rank
 from ...response import respond, run_to_end
 from ...schemas import template_tool, template_variables
 from ...sessions import start_embedding, start_generation, use_model
@@ -20,7 +21,7 @@ from .encoder import OllamaEncoder
 from .models import facts_of, model_id_of
 from .protocol import bp, nanoseconds, timestamp
 from .schemas import (
-    DEFAULTS, ChatBody, Duration, EmbedBody, EmbeddingsBody, Format, GenerateBody, Generating, Options,
+    DEFAULTS, ChatBody, Duration, EmbedBody, EmbeddingsBody, Format, GenerateBody, Generating, Options, RerankBody,
 )
 
 MAX_KEEP_ALIVE = 10 * 365 * 86400
@@ -226,6 +227,23 @@ def embed():
         "model": body.model, "embeddings": [e.vector.astype(float).tolist() for e in output],
         "total_duration": nanoseconds(time.monotonic() - started), "load_duration": nanoseconds(record().load_seconds),
         "prompt_eval_count": finished.usage.prompt_tokens,
+    })
+    _set_keep_alive_after(response, model_id, keep_alive)
+    return response
+
+
+@bp.post("/api/rerank")
+def rerank():
+    """The documents scored against the query by a reranker model, best first."""
+    body = parse_body(RerankBody, json_type=False)
+    model_id = model_id_of(body.model)
+    keep_alive = requested_keep_alive(body.keep_alive)
+    texts = [document_text(d) for d in body.documents]
+    started = time.monotonic()
+    ranking = rank(model_id, body.query, texts, "documents", body.top_n)
+    response = jsonify({
+        "model": body.model, "results": ranking.entries(texts, body.return_documents), "total_duration": nanoseconds(time.monotonic() - started),
+        "load_duration": nanoseconds(record().load_seconds), "prompt_eval_count": ranking.prompt_tokens,
     })
     _set_keep_alive_after(response, model_id, keep_alive)
     return response

@@ -11,6 +11,7 @@
     python bench/run.py --conversations [--llama-server PATH]
     python bench/run.py --agent
     python bench/run.py --balancers [--tokens 400] [--rounds 7]
+    python bench/run.py --speculative [--tokens 400] [--rounds 3] [--llama-server PATH]
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -693,6 +694,118 @@ def idle_flood(connections: int = 3000) -> list[tuple[str, str]]:
     ]
 
 
+def source_file() -> str:
+    """A ~300-line Python module, varied enough that its lines do not repeat one another."""
+    names = ["record", "invoice", "customer", "shipment", "ledger", "account", "payment", "order", "refund", "report"]
+    parts = ['"""Bookkeeping helpers: records read, checked, summed and written back."""', "",
+             "import csv", "import datetime", "from decimal import Decimal", ""]
+    for i, name in enumerate(names * 4):
+        kind = name if i < len(names) else f"{name}_{i // len(names)}"
+        parts += [
+            "", f"def parse_{kind}(row: dict) -> dict:",
+            f'    """Read one {name} from a CSV row; amounts as Decimal, dates as dates."""',
+            f"    amount = Decimal(row.get('amount', '0')) * {i + 1}",
+            "    when = datetime.date.fromisoformat(row['date']) if row.get('date') else None",
+            f"    if amount < 0 and not row.get('refund_{i}'):",
+            f"        raise ValueError(f'negative {name} amount {{amount}} in row {{row}}')",
+            f"    return {{'id': row['id'], 'amount': amount, 'date': when, 'kind': '{kind}'}}",
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def json_document() -> str:
+    items = [{"id": i, "title": f"Ticket {i}: {TOPICS[i % len(TOPICS)]} report", "status": "open",
+              "owner": f"user{i * 7 % 13}", "tags": [TOPICS[(i + 1) % len(TOPICS)], "triage"], "points": i % 5 + 1}
+             for i in range(24)]
+    return json.dumps({"project": "kronk", "items": items}, indent=2)
+
+
+SPECULATIVE_TASKS = {
+    "edit a file": lambda: "Here is a file:\n\n```python\n" + source_file() + "```\n\nReturn the whole file with "
+                   "the function parse_invoice renamed to read_invoice. Reply with the code only.",
+    "change a JSON field": lambda: "Here is a JSON document:\n\n" + json_document() + "\n\nReturn it with the "
+                           "status of the item with id 3 changed to \"closed\". Reply with the JSON only.",
+    "plain chat": lambda: "What are three good habits for learning a new language? Answer in one short paragraph.",
+}
+LLAMA_SERVER_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-mod")
+
+
+def completion_stream(url: str, prompt: str, tokens: int, fields: dict) -> dict:
+    """One greedy /completion (llama-server's API, on both servers), streamed: the text, the tokens, and the decode
+    rate from the first content chunk to the end."""
+    body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "stream": True, "cache_prompt": True, **fields}
+    first, text, final = None, "", {}
+    with requests.post(url + "/completion", json=body, stream=True, timeout=900) as response:
+        for line in response.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("content") and first is None:
+                first = time.perf_counter()
+            text += chunk.get("content", "")
+            if chunk.get("stop"):
+                final = chunk
+    end = time.perf_counter()
+    predicted = final.get("tokens_predicted", 0)
+    timings = final.get("timings", {})
+    return {"text": text, "tokens": predicted, "tokens_per_s": (predicted - 1) / (end - first) if first else 0.0,
+            "drafted": timings.get("draft_n", 0), "accepted": timings.get("draft_n_accepted", 0)}
+
+
+def speculative_side_by_side(tokens: int, llama_server: Optional[str], rounds: int) -> list[tuple[str, str]]:
+    """Speculative decoding on SmolLM2 and Gemma 3 (one slot, two threads, 8k context): kronk with n-gram drafts,
+    kronk without, llama-server at its defaults and with each of its n-gram ``--spec-type`` settings, all running,
+    each task in turns (order reversed every other round); the prompt is the model's chat template applied by
+    kronk's /apply-template, sent to every server's /completion, greedy. Medians over the rounds."""
+    workdir = ROOT / "bench" / "results" / "speculative"
+    workdir.mkdir(parents=True, exist_ok=True)
+    context, rows, everything = 8192, [], {}
+    for label, path in (("SmolLM2", fetch_smollm2()), ("Gemma 3", fetch_gemma3())):
+        models = {"bench": {"path": str(path), "engine": "llama.cpp", "context_length": context,
+                            "speculative": {"n_max": 16}}}
+        with contextlib.ExitStack() as stack:
+            kronk = stack.enter_context(run_server(workdir, {"KRONK_MODELS": json.dumps(models), "KRONK_THREADS": 2,
+                                                             "KRONK_PROMPT_CACHE_DIR": str(workdir / "cache")})).url
+            systems = {"kronk, n-gram drafts": (kronk, {}), "kronk, no drafts": (kronk, {"speculative.n_max": 0})}
+            if llama_server:
+                base = ["-np", "1", "-t", "2", "-c", str(context), "--no-webui", "--jinja"]
+                systems["llama-server, default"] = (stack.enter_context(run_llama_server(llama_server, path, base)), {})
+                for kind in LLAMA_SERVER_NGRAM:
+                    url = stack.enter_context(run_llama_server(llama_server, path, [*base, "--spec-type", kind]))
+                    systems[f"llama-server, --spec-type {kind}"] = (url, {})
+            prompts = {task: requests.post(kronk + "/apply-template", json={
+                "messages": [{"role": "user", "content": make()}]}, timeout=60).json()["prompt"]
+                for task, make in SPECULATIVE_TASKS.items()}
+            runs: dict[tuple[str, str], list[dict]] = {}
+            for round_ in range(rounds + 1):  # the first round warms the caches and is not counted
+                order = list(systems) if round_ % 2 == 0 else list(reversed(systems))
+                for task, prompt in prompts.items():
+                    for name in order:
+                        url, fields = systems[name]
+                        measured = completion_stream(url, prompt, tokens, fields)
+                        if round_:
+                            runs.setdefault((task, name), []).append(measured)
+        everything[label] = {f"{task} | {name}": measured for (task, name), measured in runs.items()}
+        for task in SPECULATIVE_TASKS:
+            rate = {name: statistics.median(r["tokens_per_s"] for r in runs[(task, name)]) for name in systems}
+            mine = rate["kronk, n-gram drafts"]
+            drafted = runs[(task, "kronk, n-gram drafts")][-1]
+            same_as = [other for other in systems if other != "kronk, n-gram drafts"
+                       and runs[(task, other)][-1]["text"] == drafted["text"]]
+            rows.append((f"{label}, {task}: kronk drafts / no drafts, tokens/s",
+                         f"{mine:.1f} / {rate['kronk, no drafts']:.1f} = {mine / rate['kronk, no drafts']:.2f}x "
+                         f"({drafted['accepted']} of {drafted['drafted']} drafted taken, {drafted['tokens']} tokens)"))
+            if llama_server:
+                ngram = max(LLAMA_SERVER_NGRAM, key=lambda kind: rate[f"llama-server, --spec-type {kind}"])
+                best = rate[f"llama-server, --spec-type {ngram}"]
+                rows.append((f"{label}, {task}: llama-server default / best n-gram ({ngram}), tokens/s",
+                             f"{rate['llama-server, default']:.1f} / {best:.1f}; kronk drafts = "
+                             f"{mine / rate['llama-server, default']:.2f}x / {mine / best:.2f}x"))
+            rows.append((f"{label}, {task}: the same greedy text as", ", ".join(same_as) or "none"))
+    (workdir / "latest.json").write_text(json.dumps(everything, indent=2))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=400)
@@ -708,6 +821,7 @@ def main() -> None:
     parser.add_argument("--next-turns", action="store_true", help="next turns sent as soon as the answer arrived")
     parser.add_argument("--agent", action="store_true", help="a 20k-token agent prompt on Gemma 3, resent, instead")
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
+    parser.add_argument("--speculative", action="store_true", help="speculative decoding against llama-server's")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations, "
                         "--next-turns)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines, --balancers)")
@@ -717,6 +831,7 @@ def main() -> None:
         "storm": body_storm, "idle": idle_flood, "grammar": lambda: grammar_cost(args.tokens),
         "chunks": prefill_chunks, "stalls": stall_probes, "conversations": lambda: conversations(args.llama_server),
         "agent": agent_prompt, "next_turns": lambda: next_turns(args.llama_server, args.rounds), "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
+        "speculative": lambda: speculative_side_by_side(args.tokens, args.llama_server, args.rounds),
     }
     for name, run in chosen.items():
         if getattr(args, name):

@@ -29,6 +29,18 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message says which key and why."""
 
 
+class Speculative(BaseModel):
+    """Speculative decoding of a model's replies: drafts found by n-gram lookup in the prompt and the reply, each
+    checked in one decode call (engines that can: llama.cpp). ``n_max``: the longest draft; ``n_min``: the
+    shortest worth checking."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["ngram"] = "ngram"
+    n_max: int = Field(16, ge=1, le=64)
+    n_min: int = Field(1, ge=1, le=64)
+
+
 class ModelSpec(BaseModel):
     """One served model: where its file comes from and how to run it."""
 
@@ -51,6 +63,8 @@ class ModelSpec(BaseModel):
     # Options of the model's engine (ctransformers: model_type, prefill_chunk; llama.cpp: gpu_layers),
     # checked by the engine when the app starts
     engine_options: dict[str, Any] = Field(default_factory=dict)
+    # Off unless given: on these machines it pays only where replies repeat the prompt (docs/BENCHMARKS.rst)
+    speculative: Optional[Speculative] = None
 
     def describe(self) -> str:
         """Where the model comes from, in a few words."""

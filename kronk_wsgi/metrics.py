@@ -6,11 +6,25 @@ and /metrics, whichever worker answers, reports the whole server.
 """
 
 import bisect
+import dataclasses
 import os
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
+
+from .engine.speculation import Drafting
+
+@dataclasses.dataclass
+class _Totals:
+    """One model's sums behind llama-server's average throughputs, and its decode calls counted so far."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    predicted: int = 0
+    predicted_seconds: float = 0.0
+    calls: int = 0
+
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
 _TOKEN_GAP = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -93,7 +107,18 @@ class Metrics:
         self.llamacpp_busy_slots_per_decode = Gauge(
             "llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call (of the worker "
             "that last answered).", ["model"], registry=r, multiprocess_mode="mostrecent")
-        self._llamacpp_totals: dict[str, list[float]] = {}  # per model: this app's sums behind the averages
+        self.llamacpp_draft_tokens = Counter(
+            "llamacpp:spec_decode_num_draft_tokens", "Speculative: Total draft tokens generated.", ["model"], registry=r)
+        self.llamacpp_accepted_tokens = Counter(
+            "llamacpp:spec_decode_num_accepted_tokens", "Speculative: Total draft tokens accepted by the target model.",
+            ["model"], registry=r)
+        self.llamacpp_drafts = Counter(
+            "llamacpp:spec_decode_num_drafts", "Speculative: Total speculative decoding verification steps.", ["model"],
+            registry=r)
+        self.accepted_by_position = Counter(
+            "kronk_spec_decode_accepted_tokens", "Speculative: draft tokens accepted, by their place in their draft "
+            "(1: the first).", ["model", "position"], registry=r)
+        self._llamacpp_totals: dict[str, _Totals] = {}  # per model: this app's sums behind the averages
 
     def generation_done(self, model: str, prompt_tokens: int, cached_tokens: int, prompt_seconds: float,
                         predicted: int, predicted_seconds: float, context_used: int, decodes: tuple[int, int]) -> None:
@@ -105,23 +130,33 @@ class Metrics:
         self.llamacpp_prompt_seconds.labels(model).inc(prompt_seconds)
         self.llamacpp_tokens_predicted.labels(model).inc(predicted)
         self.llamacpp_tokens_predicted_seconds.labels(model).inc(predicted_seconds)
-        totals = self._llamacpp_totals.setdefault(model, [0.0, 0.0, 0.0, 0.0, 0, 0])
-        totals[:4] = [totals[0] + prompt_tokens, totals[1] + prompt_seconds, totals[2] + predicted,
-                      totals[3] + predicted_seconds]
-        if totals[1] > 0:
-            self.llamacpp_prompt_throughput.labels(model).set(totals[0] / totals[1])
-        if totals[3] > 0:
-            self.llamacpp_predicted_throughput.labels(model).set(totals[2] / totals[3])
+        totals = self._llamacpp_totals.setdefault(model, _Totals())
+        totals.prompt_tokens += prompt_tokens
+        totals.prompt_seconds += prompt_seconds
+        totals.predicted += predicted
+        totals.predicted_seconds += predicted_seconds
+        if totals.prompt_seconds > 0:
+            self.llamacpp_prompt_throughput.labels(model).set(totals.prompt_tokens / totals.prompt_seconds)
+        if totals.predicted_seconds > 0:
+            self.llamacpp_predicted_throughput.labels(model).set(totals.predicted / totals.predicted_seconds)
         high = self.llamacpp_n_tokens_max.labels(model)
         if context_used > high._value.get():
             high.set(context_used)
         calls, sequences = decodes
-        if calls < totals[4]:  # the model was loaded again: its counts start over
-            totals[4] = totals[5] = 0
-        self.llamacpp_n_decode.labels(model).inc(calls - totals[4])
-        totals[4:] = [calls, sequences]
+        if calls < totals.calls:  # the model was loaded again: its counts start over
+            totals.calls = 0
+        self.llamacpp_n_decode.labels(model).inc(calls - totals.calls)
+        totals.calls = calls
         if calls:
             self.llamacpp_busy_slots_per_decode.labels(model).set(sequences / calls)
+
+    def speculation_done(self, model: str, drafting: Drafting) -> None:
+        """Count a generation's speculative drafts, the tokens drafted and those taken (by their place too)."""
+        self.llamacpp_drafts.labels(model).inc(drafting.drafts)
+        self.llamacpp_draft_tokens.labels(model).inc(drafting.drafted)
+        self.llamacpp_accepted_tokens.labels(model).inc(drafting.accepted)
+        for place, count in enumerate(drafting.accepted_at, 1):
+            self.accepted_by_position.labels(model, str(place)).inc(count)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format: of all workers when they share a directory, else of this app."""

@@ -181,6 +181,8 @@ def _log_completed(rec: RequestRecord, kronk: KronkState) -> None:
             time_to_first_token=None if stats.time_to_first_token is None else round(stats.time_to_first_token, 4),
             queue_wait=None if stats.queue_wait is None else round(stats.queue_wait, 4),
         )
+        if stats.drafted:
+            fields.update(drafted_tokens=stats.drafted, accepted_tokens=stats.accepted)
     log.info("request completed", request_id=rec.request_id, **fields)
     metrics.requests.labels(rec.route, rec.model or "", str(rec.status), outcome).inc()
     metrics.request_duration.labels(rec.route).observe(duration)

@@ -18,6 +18,7 @@ from ..engine.chat_template import ChatTemplate, ChatTemplateError, RenderedProm
 from ..engine.generate import DecodeOptions
 from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
 from ..engine.sampling import SamplingParams
+from ..engine.speculation import Speculation
 from ..serving import offload
 from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
 from ..serving.jobs import EmbeddingJob, GenerationJob, RerankJob, ReplyReading
@@ -123,6 +124,9 @@ class GenerationRequest:
     cache_key: Optional[str] = None
     cache_scope: str = ""  # whose cached prefixes the prompt may reuse (Slot.enter); set by the server, not a client
     slot: Optional[int] = None  # the slot to run on, by number (llama-server's id_slot); None: the best free one
+    # Speculative decoding's longest draft (0: none) and shortest checked draft; None: the model's setting
+    draft_max: Optional[int] = None
+    draft_min: Optional[int] = None
     slot_param: str = "id_slot"
 
     @property
@@ -214,6 +218,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         grammar=_grammar(model, grammar_text, request), constrain_after=grammar_after,
         thinking_close=reading.reasoning.close if reading.inside_thinking else "",
         thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs, token_ids=request.token_ids,
+        speculation=_speculation(model, request),
     )
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
     slots = len(model.scheduler.slots)
@@ -222,6 +227,19 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
                       param=request.slot_param)
     return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at, request.cache_scope,
                          request.slot)
+
+
+def _speculation(model: LoadedModel, request: GenerationRequest) -> Optional[Speculation]:
+    """How the replies are drafted: as the model's setting says, unless the request sets a draft length (0: off)."""
+    if request.draft_max == 0:
+        return None
+    if request.draft_max is None and request.draft_min is None:
+        return model.speculation
+    if not model.engine.speculates:
+        raise invalid(f"speculative decoding: the {model.engine.kind.name} engine cannot check drafts",
+                      param="speculative.n_max" if request.draft_max is not None else "speculative.n_min")
+    default = model.speculation or Speculation()
+    return Speculation(request.draft_max or default.n_max, request.draft_min or default.n_min)
 
 
 def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[Prompt, RenderedPrompt],

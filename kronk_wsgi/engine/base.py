@@ -201,6 +201,15 @@ class Slot(abc.ABC):
         if not waited_for:
             cache.write_deferred()
 
+    def decode_each(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append ``tokens`` to the cache in one call; the logits after each of them (one row each, read-only):
+        speculative decoding's check of drafted tokens (engines whose kind ``speculates``)."""
+        raise EngineError(f"{type(self).__name__} cannot decode tokens in one call")
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` tokens the slot holds; drop the rest (drafted tokens the model did not take)."""
+        raise EngineError(f"{type(self).__name__} cannot cut its cache back")
+
     def rank(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> np.ndarray:
         """A reranker's scores of a whole prompt (a query and a document); see Engine.reranker."""
         raise EngineError(f"{type(self).__name__} cannot rank")
@@ -237,6 +246,7 @@ class Engine(abc.ABC):
     context_length: int
     tokenizer: Tokenizer
     chat_template: Optional[str]  # the file's own, if it has one
+    speculates = False  # its slots decode_each and truncate: speculative decoding can check drafts
     reranker = False  # it scores a query and a document: its slots' embedding() is its classification head's output
     rerank_template: Optional[str] = None  # the file's prompt for a query and a document, if it has one
     kind: "EngineKind"  # set when its kind loads it

@@ -13,6 +13,7 @@ import numpy as np
 from .base import Cancelled, Slot
 from .grammar import Grammar
 from .sampling import Sampler, SamplingParams, logprobs
+from .speculation import Drafting, NgramDrafter, Speculation
 from .tokenizer import Tokenizer
 
 
@@ -92,7 +93,11 @@ class DecodeOptions:
     ``thinking_close`` is made to close it after ``thinking_budget`` tokens:
     the tag's tokens are forced then. With ``top_logprobs`` (0 or more), each
     sampled token is reported with its log probability; with ``token_ids``,
-    each generated token's id (an end token's too).
+    each generated token's id (an end token's too). With ``speculation`` (on an
+    engine whose slots ``decode_each``), drafted tokens are checked several in
+    one call: each is picked as it would have been without (the same logits, the
+    same sampler, the same random draw) and kept only if the pick is the draft,
+    so the reply is the same token for token.
     """
 
     end_ids: frozenset[int]
@@ -107,6 +112,7 @@ class DecodeOptions:
     thinking_budget: Optional[int] = None
     top_logprobs: Optional[int] = None
     token_ids: bool = False
+    speculation: Optional[Speculation] = None
 
 
 class Generation:
@@ -122,6 +128,7 @@ class Generation:
     one did, ``window_full`` says the context window has no room left, and
     ``completion_tokens`` counts the sampled tokens; ``cached_tokens`` and
     ``cache_written`` count the prompt's tokens reused and newly saved.
+    ``drafting`` counts speculation's drafts and the tokens taken of them.
     ``Cancelled`` propagates when ``cancelled()`` turns true between two
     engine calls.
     """
@@ -154,11 +161,30 @@ class Generation:
         self.finish_reason = ""
         self.stop_sequence: Optional[str] = None
         self.window_full = False
+        self.drafting = Drafting()
 
     def _tokens_of(self, tag: str) -> list[int]:
         """A tag's tokens: its control token if it is one, else its text's."""
         control = self.tokenizer.control.get(tag)
         return [control] if control is not None else self.tokenizer.continuation(tag)
+
+    @property
+    def _evaluated(self) -> int:
+        """Where the last token picked goes in the cache once decoded: the prompt, then every token picked before it
+        (drafted ones the cache holds beyond it do not count)."""
+        return len(self.prompt) + self.completion_tokens - 1
+
+    def _draft(self, drafter: NgramDrafter, speculation: Speculation) -> list[int]:
+        """A draft to check after the last token picked: no longer than the reply or the context has room for, and
+        none if shorter than ``n_min``."""
+        room = min(speculation.n_max, self.options.max_tokens - self.completion_tokens,
+                   self.context_length - self._evaluated - 1)
+        draft = drafter.draft(room) if room > 0 else []
+        if not draft or len(draft) < speculation.n_min:
+            return []
+        self.drafting.drafts += 1
+        self.drafting.drafted += len(draft)
+        return draft
 
     def reuse(self) -> None:
         """Decide how much of the prompt the slot's cache serves (``cached_tokens``, ``cache_written``), before
@@ -201,6 +227,38 @@ class Generation:
                 sampled = SampledToken(token, logprob, tuple(top))
             return token
 
+        speculation = options.speculation
+        drafter = NgramDrafter(self.prompt) if speculation else None
+        draft: list[int] = []  # drafted tokens in the cache, after the token before them
+        rows: Optional[np.ndarray] = None  # the logits after that token and after each drafted one
+        checked = 0  # drafted tokens taken so far
+
+        def advance(previous: Optional[int]) -> int:
+            """The next token: picked on the prefill's logits, on a checked draft's, or after decoding ``previous``
+            (with a draft after it, when one is found)."""
+            nonlocal draft, rows, checked
+            if previous is None:
+                token = pick(slot.logits())
+            else:
+                if rows is None and drafter is not None:
+                    draft = self._draft(drafter, speculation)
+                    if draft:
+                        rows, checked = slot.decode_each([previous, *draft]), 0
+                if rows is None:
+                    token = slot.decode([previous], pick)
+                else:
+                    token = pick(rows[checked])
+                    if checked < len(draft) and token == draft[checked]:
+                        checked += 1  # in the cache already: the next pick is on the next row
+                        self.drafting.took(checked)
+                    else:
+                        slot.truncate(len(slot.cached) - (len(draft) - checked))
+                        drafter.checked(len(draft), checked)
+                        rows = None
+            if drafter is not None:
+                drafter.add(token)
+            return token
+
         token: Optional[int] = None
         while True:
             allowed = constraint.allowed() if constraint else None
@@ -210,7 +268,7 @@ class Generation:
             if closing:
                 forced = closing.pop(0)
                 thinking = bool(closing)
-            token = pick(slot.logits()) if token is None else slot.decode([token], pick)
+            token = advance(token)
             if options.token_ids:  # an end token's too, as llama-server reports them
                 self.token_ids.append(token)
             if token in options.end_ids:
@@ -237,7 +295,7 @@ class Generation:
             if constraint and constraint.complete:
                 self.finish_reason = "stop"
                 break
-            if self.completion_tokens >= options.max_tokens or len(slot.cached) >= self.context_length:
+            if self.completion_tokens >= options.max_tokens or self._evaluated >= self.context_length:
                 self.finish_reason = "length"
                 self.window_full = len(self.prompt) + self.completion_tokens >= self.context_length
                 break

@@ -151,8 +151,10 @@ class _Call:
     """
 
     def __init__(self, seq: int, tokens: Sequence[int], n_past: int, embedding: bool = False,
-                 pick: Optional[Pick] = None, action: Optional[Callable[[], object]] = None) -> None:
+                 pick: Optional[Pick] = None, action: Optional[Callable[[], object]] = None,
+                 every: bool = False) -> None:
         self.seq, self.tokens, self.n_past = seq, tokens, n_past
+        self.every = every  # logits after each of its tokens (one row each), not only after the last
         self.action = action  # instead of tokens: work on the context (a state's save or load), in a call alone
         self.result: object = None
         self.wants_embedding = embedding
@@ -365,7 +367,7 @@ class _Batcher:
                 batch.pos[n] = call.n_past + i
                 batch.n_seq_id[n] = 1
                 batch.seq_id[n][0] = call.seq
-                batch.logits[n] = i == len(call.tokens) - 1
+                batch.logits[n] = call.every or i == len(call.tokens) - 1
                 n += 1
             last.append(n - 1)
         batch.n_tokens = n
@@ -382,7 +384,12 @@ class _Batcher:
             if call.wants_embedding:
                 call.embedding = self._embedding(call.seq, index)
                 continue
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
+            if call.every:
+                first = index - len(call.tokens) + 1
+                call.logits = np.stack([self._logits(i) for i in range(first, index + 1)])
+                call.logits.flags.writeable = False
+                continue
+            logits = self._logits(index)
             if call.pick is None:
                 call.logits = logits.copy()
                 call.logits.flags.writeable = False  # handed to the slot's caller as is
@@ -392,6 +399,10 @@ class _Batcher:
                     call.picked = call.pick(logits)
                 except Exception as exc:  # the slot's thread raises it
                     call.pick_error = exc
+
+    def _logits(self, index: int) -> np.ndarray:
+        """The logits after the batch's ``index``-th token, where llama.cpp keeps them (until its next call)."""
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
 
     def _embedding(self, seq: int, index: int) -> Optional[np.ndarray]:
         if not self._embeds:
@@ -463,6 +474,30 @@ class LlamaCppSlot(Slot):
         if self._embedding is None:
             raise EngineError("this model gives no scores")
         return self._embedding.copy()
+
+    def decode_each(self, tokens: Sequence[int]) -> np.ndarray:
+        n_past = len(self.cached)
+        if n_past < self._kv_end:
+            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
+        call = _Call(self._seq, tokens, n_past, every=True)
+        self._kv_end = n_past
+        self._engine._batcher.decode(call, self._cancelled)
+        if call.error:
+            self.cached.clear()
+            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, 0, -1)
+            if call.aborted:
+                raise Cancelled()
+            raise EngineError(call.error)
+        self._kv_end = n_past + len(tokens)
+        self.cached.extend(tokens)
+        self._logits = None
+        return call.logits
+
+    def truncate(self, length: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, length, -1)
+        self._kv_end = length
+        del self.cached[length:]
+        self._logits = None
 
     def reusable(self, keep: int) -> int:
         window = self._engine._n_swa
@@ -537,6 +572,8 @@ class LlamaCppOptions(EngineOptions):
 
 class LlamaCppEngine(Engine):
     """A GGUF file loaded by llama.cpp; its slots share one context, one sequence each."""
+
+    speculates = True
 
     def __init__(self, name: str, path: Path, context_length: Optional[int] = None,
                  options: LlamaCppOptions = LlamaCppOptions()) -> None:

@@ -108,6 +108,8 @@ class ChoiceEnd:
     stop_sequence: Optional[str] = None
     index: int = 0
     window_full: bool = False  # a "length" end at the end of the context window, not of max_tokens
+    drafted: int = 0  # speculative decoding: the choice's tokens drafted, and those the model took
+    accepted: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..engine.base import Slot
 from ..engine.generate import DecodeOptions, Generation
+from ..engine.speculation import Drafting
 from ..engine.tokenizer import Tokenizer
 from .events import (
     ChoiceEnd, Embedding, Event, Finished, Logprobs, PromptCached, TextDelta, TokenIds, TokenLogprob, ToolCall,
@@ -141,6 +142,14 @@ class GenerationJob:
     def cached_tokens(self) -> int:
         return sum(generation.cached_tokens for generation in self._generations if generation.choice == 0)
 
+    @property
+    def drafting(self) -> Drafting:
+        """Speculation's drafts and the tokens taken of them, over the replies so far."""
+        total = Drafting()
+        for generation in self._generations:
+            total.add(generation.drafting)
+        return total
+
     def run(self, slot: Slot, context_length: int, cancelled: Callable[[], bool]) -> Iterator[Event]:
         slot.enter(self.scope)
         written = 0
@@ -166,14 +175,16 @@ class GenerationJob:
             for event in reader.feed(text):
                 yield event
                 if limit is not None and isinstance(event, ToolCall) and reader.calls >= limit:
-                    yield ChoiceEnd("tool_calls")
+                    yield ChoiceEnd("tool_calls", drafted=generation.drafting.drafted,
+                                    accepted=generation.drafting.accepted)
                     return
         yield from self._reported(generation)
         yield from reader.finish(cut=generation.finish_reason == "length")
         reason = generation.finish_reason
         if reader.calls and reason == "stop" and generation.stop_sequence is None:
             reason = "tool_calls"
-        yield ChoiceEnd(reason, generation.stop_sequence, window_full=generation.window_full)
+        yield ChoiceEnd(reason, generation.stop_sequence, window_full=generation.window_full,
+                        drafted=generation.drafting.drafted, accepted=generation.drafting.accepted)
 
     def _reported(self, generation: Generation) -> Iterator[Event]:
         """What the request asked to know of the tokens sampled since the last report: their ids, their log

@@ -22,11 +22,12 @@ from gevent.threadpool import ThreadPool
 
 from .. import hub
 from ..catalog import Progress, check_engine_options, load_engine, local_file
-from ..config import ConfigError, ModelSpec, Settings
+from ..config import ConfigError, ModelSpec, Settings, Speculative
 from ..describe import footprint
 from ..engine.base import Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
 from ..engine.prompt_cache import PromptCache
+from ..engine.speculation import Speculation
 from ..metrics import Metrics
 from ..model_registry import ModelRegistry
 from . import offload
@@ -106,7 +107,8 @@ class LoadedModel:
 
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
                  max_waiting: Optional[int], metrics: Metrics, unused: Callable[[], None], memory: int = 0,
-                 path: Optional[Path] = None, stop: Sequence[str] = (), disk_write_grace: float = 0.0) -> None:
+                 path: Optional[Path] = None, stop: Sequence[str] = (), disk_write_grace: float = 0.0,
+                 speculative: Optional[Speculative] = None) -> None:
         self.id = model_id
         self.path = path  # its file, whose size and modification time must stay what they were at the load
         self._stamp = _stamp(path)
@@ -125,6 +127,8 @@ class LoadedModel:
         text = template.closing_text()
         closing_text = (text,) if text and text not in engine.tokenizer.control else ()
         self.end_texts: tuple[str, ...] = closing_text + tuple(stop)
+        # How replies are drafted, unless a request says otherwise: the model's setting
+        self.speculation = Speculation(speculative.n_max, speculative.n_min) if speculative is not None else None
         self.created = int(time.time())
         self.prompt_cache: Optional[PromptCache] = slots[0].state_cache if slots else None
         self.slot_threads = ThreadPool(len(slots))
@@ -317,7 +321,7 @@ class ModelPool:
         # gevent objects belong to the hub's thread: build the model here, not in _load.
         model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
                             self.settings.max_waiting, self.metrics, self._unused, memory, path, spec.stop,
-                            NEXT_TURN_GRACE if self.settings.workers == 1 else 0.0)
+                            NEXT_TURN_GRACE if self.settings.workers == 1 else 0.0, spec.speculative)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)
@@ -472,6 +476,10 @@ class ModelPool:
         """Runs in a worker thread: the engine, its chat template, its slots and its file (``progress`` hears of its
         download)."""
         engine = load_engine(model_id, spec, progress)
+        if spec.speculative is not None and not engine.speculates:
+            engine.close()
+            raise EngineError(f"speculative decoding needs an engine that checks drafts in one call (llama.cpp); "
+                              f"{engine.kind.name} does not")
         tokenizer = engine.tokenizer
         template = ChatTemplate.for_model(
             spec.chat_template, engine.chat_template, tokenizer.token_text(tokenizer.bos_id),

@@ -185,8 +185,9 @@ class Scheduler:
         states = list(self.states.values())
         for state in SLOT_STATES:
             self.metrics.slots.labels(self.model_id, state).set(states.count(state))
-        self.metrics.waiting.labels(self.model_id).set(len(self._place_line) + len(self._slot_line))
-        self.metrics.llamacpp_requests_deferred.labels(self.model_id).set(len(self._place_line) + len(self._slot_line))
+        waiting = len(self._place_line) + len(self._slot_line)
+        self.metrics.waiting.labels(self.model_id).set(waiting)
+        self.metrics.llamacpp_requests_deferred.labels(self.model_id).set(waiting)
 
     def _serve(self) -> None:
         """Hand out free slots to the line, in order."""

@@ -42,6 +42,16 @@ class GenerationStats:
     queue_wait: Optional[float] = None
     time_to_first_token: Optional[float] = None
     slot: Optional[int] = None  # the number of the slot it ran on
+    drafted: int = 0  # speculative decoding: tokens drafted, and those the model took
+    accepted: int = 0
+
+    def first_token(self, elapsed: float) -> float:
+        """Seconds from the request's start to its first token; ``elapsed`` (seconds so far) if none came."""
+        return self.time_to_first_token if self.time_to_first_token is not None else elapsed
+
+    def prompt_seconds(self, elapsed: float) -> float:
+        """The prompt's time, as llama-server and Ollama count it: from the slot to the first token."""
+        return max(0.0, self.first_token(elapsed) - (self.queue_wait or 0.0))
 
 
 class _Cancel:
@@ -247,13 +257,11 @@ class Session:
 
     def _count_as_llama_server(self, usage: Usage) -> None:
         """llama-server's metrics of a finished generation: its prompt's time ran from the slot to the first token."""
-        now = time.monotonic()
-        waited = self.stats.queue_wait or 0.0
-        first = self.stats.time_to_first_token
-        first = first if first is not None else now - self.started
+        elapsed = time.monotonic() - self.started
         self.metrics.generation_done(
-            self.model.id, usage.prompt_tokens - usage.cached_tokens, usage.cached_tokens, max(0.0, first - waited),
-            usage.completion_tokens, max(0.0, now - self.started - first),
+            self.model.id, usage.prompt_tokens - usage.cached_tokens, usage.cached_tokens,
+            self.stats.prompt_seconds(elapsed), usage.completion_tokens,
+            max(0.0, elapsed - self.stats.first_token(elapsed)),
             usage.prompt_tokens + usage.completion_tokens, self.model.engine.decode_counts())
 
     def _finish(self, item: object) -> Event:
@@ -262,6 +270,10 @@ class Session:
         if isinstance(item, Finished):
             self.stats.outcome = "ok"
             self.stats.cached_tokens = item.usage.cached_tokens
+            drafting = getattr(self.job, "drafting", None)
+            if drafting is not None and drafting.drafts:
+                self.stats.drafted, self.stats.accepted = drafting.drafted, drafting.accepted
+                self.metrics.speculation_done(self.model.id, drafting)
             tokens = self.metrics.tokens
             tokens.labels(self.model.id, "prompt").inc(item.usage.prompt_tokens)
             tokens.labels(self.model.id, "completion").inc(item.usage.completion_tokens)

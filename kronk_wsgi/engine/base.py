@@ -201,14 +201,26 @@ class Slot(abc.ABC):
         if not waited_for:
             cache.write_deferred()
 
-    def decode_each(self, tokens: Sequence[int]) -> np.ndarray:
-        """Append ``tokens`` to the cache in one call; the logits after each of them (one row each, read-only):
-        speculative decoding's check of drafted tokens (engines whose kind ``speculates``)."""
+    def _eval_each(self, tokens: Sequence[int], n_past: int) -> np.ndarray:
+        """Evaluate ``tokens`` at positions ``n_past``... in one C call; the logits after each (engines that
+        ``speculate``)."""
         raise EngineError(f"{type(self).__name__} cannot decode tokens in one call")
 
+    def decode_each(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append ``tokens`` to the cache in one call; the logits after each of them (one row each, read-only):
+        speculative decoding's check of drafted tokens. ``truncate`` then cuts off those the model did not take."""
+        try:
+            rows = self._eval_each(tokens, len(self.cached))
+        except Exception:
+            self.cached.clear()  # the cache may hold anything now
+            raise
+        self.cached.extend(tokens)
+        return rows
+
     def truncate(self, length: int) -> None:
-        """Keep the first ``length`` tokens the slot holds; drop the rest (drafted tokens the model did not take)."""
-        raise EngineError(f"{type(self).__name__} cannot cut its cache back")
+        """Hold only the first ``length`` tokens: the next evaluation writes over the rest, as it does past a
+        reused prefix."""
+        del self.cached[length:]
 
     def rank(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> np.ndarray:
         """A reranker's scores of a whole prompt (a query and a document); see Engine.reranker."""

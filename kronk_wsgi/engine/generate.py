@@ -94,10 +94,11 @@ class DecodeOptions:
     the tag's tokens are forced then. With ``top_logprobs`` (0 or more), each
     sampled token is reported with its log probability; with ``token_ids``,
     each generated token's id (an end token's too). With ``speculation`` (on an
-    engine whose slots ``decode_each``), drafted tokens are checked several in
-    one call: each is picked as it would have been without (the same logits, the
-    same sampler, the same random draw) and kept only if the pick is the draft,
-    so the reply is the same token for token.
+    engine that ``speculates``), drafted tokens are checked several in one call:
+    each is picked as it would have been without (the same sampler, the same
+    random draw) and kept only if the pick is the draft; the reply is the same
+    token for token where the engine computes a token's logits the same in a
+    batch as alone (docs/ENGINES.rst).
     """
 
     end_ids: frozenset[int]
@@ -252,7 +253,8 @@ class Generation:
                         checked += 1  # in the cache already: the next pick is on the next row
                         self.drafting.took(checked)
                     else:
-                        slot.truncate(len(slot.cached) - (len(draft) - checked))
+                        if checked < len(draft):
+                            slot.truncate(len(slot.cached) - (len(draft) - checked))
                         drafter.checked(len(draft), checked)
                         rows = None
             if drafter is not None:

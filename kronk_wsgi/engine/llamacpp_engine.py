@@ -439,23 +439,31 @@ class LlamaCppSlot(Slot):
         finally:
             self._cancelled = None
 
-    def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None,
-              embedding: bool = False) -> Optional[int]:
-        if n_past < self._kv_end:  # a shorter prefix is reused: drop the rest of the old sequence
-            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
-        call = _Call(self._seq, tokens, n_past, embedding, pick)
-        self._kv_end = n_past
+    def _submit(self, call: _Call) -> _Call:
+        """Run a decode call of this sequence, from ``call.n_past`` on; raise its error."""
+        if call.n_past < self._kv_end:  # a shorter prefix is reused: drop the rest of the old sequence
+            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, call.n_past, -1)
+        self._kv_end = call.n_past
         self._engine._batcher.decode(call, self._cancelled)
         if call.error:
-            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
+            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, call.n_past, -1)
             if call.aborted:
                 raise Cancelled()
             raise EngineError(call.error)
-        self._kv_end = n_past + len(tokens)
+        self._kv_end = call.n_past + len(call.tokens)
+        return call
+
+    def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None,
+              embedding: bool = False) -> Optional[int]:
+        call = self._submit(_Call(self._seq, tokens, n_past, embedding, pick))
         self._logits, self._embedding = call.logits, call.embedding
         if call.pick_error is not None:
             raise call.pick_error
         return call.picked
+
+    def _eval_each(self, tokens: Sequence[int], n_past: int) -> np.ndarray:
+        self._logits = None
+        return self._submit(_Call(self._seq, tokens, n_past, every=True)).logits
 
     def rank(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> np.ndarray:
         """The prompt evaluated whole, from its first token, in calls of BATCH tokens (the last with embeddings on), as
@@ -474,30 +482,6 @@ class LlamaCppSlot(Slot):
         if self._embedding is None:
             raise EngineError("this model gives no scores")
         return self._embedding.copy()
-
-    def decode_each(self, tokens: Sequence[int]) -> np.ndarray:
-        n_past = len(self.cached)
-        if n_past < self._kv_end:
-            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, n_past, -1)
-        call = _Call(self._seq, tokens, n_past, every=True)
-        self._kv_end = n_past
-        self._engine._batcher.decode(call, self._cancelled)
-        if call.error:
-            self.cached.clear()
-            llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, 0, -1)
-            if call.aborted:
-                raise Cancelled()
-            raise EngineError(call.error)
-        self._kv_end = n_past + len(tokens)
-        self.cached.extend(tokens)
-        self._logits = None
-        return call.logits
-
-    def truncate(self, length: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self._engine._memory, self._seq, length, -1)
-        self._kv_end = length
-        del self.cached[length:]
-        self._logits = None
 
     def reusable(self, keep: int) -> int:
         window = self._engine._n_swa

@@ -694,9 +694,12 @@ def idle_flood(connections: int = 3000) -> list[tuple[str, str]]:
     ]
 
 
+TOPICS_OF_FILE = ["invoice", "customer", "shipment", "ledger", "account", "payment", "order", "refund", "report"]
+
+
 def source_file() -> str:
     """A ~300-line Python module, varied enough that its lines do not repeat one another."""
-    names = ["record", "invoice", "customer", "shipment", "ledger", "account", "payment", "order", "refund", "report"]
+    names = ["record", *TOPICS_OF_FILE]
     parts = ['"""Bookkeeping helpers: records read, checked, summed and written back."""', "",
              "import csv", "import datetime", "from decimal import Decimal", ""]
     for i, name in enumerate(names * 4):
@@ -720,12 +723,17 @@ def json_document() -> str:
     return json.dumps({"project": "kronk", "items": items}, indent=2)
 
 
+QUESTIONS = ["What are three good habits for learning a new language?", "Why do cats purr?",
+             "How does a bicycle stay upright?", "What makes bread rise?", "Why is the sky blue?",
+             "How do bees make honey?", "What is a good way to start running?", "How do tides work?"]
+# Each round asks something else, so that no server drafts from a reply it gave to the same request before.
 SPECULATIVE_TASKS = {
-    "edit a file": lambda: "Here is a file:\n\n```python\n" + source_file() + "```\n\nReturn the whole file with "
-                   "the function parse_invoice renamed to read_invoice. Reply with the code only.",
-    "change a JSON field": lambda: "Here is a JSON document:\n\n" + json_document() + "\n\nReturn it with the "
-                           "status of the item with id 3 changed to \"closed\". Reply with the JSON only.",
-    "plain chat": lambda: "What are three good habits for learning a new language? Answer in one short paragraph.",
+    "edit a file": lambda n: "Here is a file:\n\n```python\n" + source_file() + "```\n\nReturn the whole file "
+                   f"with the function parse_{TOPICS_OF_FILE[n]} renamed to read_{TOPICS_OF_FILE[n]}. Reply with the "
+                   "code only.",
+    "change a JSON field": lambda n: "Here is a JSON document:\n\n" + json_document() + "\n\nReturn it with the "
+                           f"status of the item with id {n + 3} changed to \"closed\". Reply with the JSON only.",
+    "plain chat": lambda n: QUESTIONS[n] + " Answer in one short paragraph.",
 }
 LLAMA_SERVER_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-mod")
 
@@ -762,7 +770,7 @@ def speculative_side_by_side(tokens: int, llama_server: Optional[str], rounds: i
     context, rows, everything = 8192, [], {}
     for label, path in (("SmolLM2", fetch_smollm2()), ("Gemma 3", fetch_gemma3())):
         models = {"bench": {"path": str(path), "engine": "llama.cpp", "context_length": context,
-                            "speculative": {"n_max": 16}}}
+                            "speculative": {}}}
         with contextlib.ExitStack() as stack:
             kronk = stack.enter_context(run_server(workdir, {"KRONK_MODELS": json.dumps(models), "KRONK_THREADS": 2,
                                                              "KRONK_PROMPT_CACHE_DIR": str(workdir / "cache")})).url
@@ -773,13 +781,12 @@ def speculative_side_by_side(tokens: int, llama_server: Optional[str], rounds: i
                 for kind in LLAMA_SERVER_NGRAM:
                     url = stack.enter_context(run_llama_server(llama_server, path, [*base, "--spec-type", kind]))
                     systems[f"llama-server, --spec-type {kind}"] = (url, {})
-            prompts = {task: requests.post(kronk + "/apply-template", json={
-                "messages": [{"role": "user", "content": make()}]}, timeout=60).json()["prompt"]
-                for task, make in SPECULATIVE_TASKS.items()}
             runs: dict[tuple[str, str], list[dict]] = {}
             for round_ in range(rounds + 1):  # the first round warms the caches and is not counted
                 order = list(systems) if round_ % 2 == 0 else list(reversed(systems))
-                for task, prompt in prompts.items():
+                for task, make in SPECULATIVE_TASKS.items():
+                    prompt = requests.post(kronk + "/apply-template", json={
+                        "messages": [{"role": "user", "content": make(round_)}]}, timeout=60).json()["prompt"]
                     for name in order:
                         url, fields = systems[name]
                         measured = completion_stream(url, prompt, tokens, fields)
@@ -789,19 +796,22 @@ def speculative_side_by_side(tokens: int, llama_server: Optional[str], rounds: i
         for task in SPECULATIVE_TASKS:
             rate = {name: statistics.median(r["tokens_per_s"] for r in runs[(task, name)]) for name in systems}
             mine = rate["kronk, n-gram drafts"]
-            drafted = runs[(task, "kronk, n-gram drafts")][-1]
-            same_as = [other for other in systems if other != "kronk, n-gram drafts"
-                       and runs[(task, other)][-1]["text"] == drafted["text"]]
+            drafted = runs[(task, "kronk, n-gram drafts")]
+            taken = sum(r["accepted"] for r in drafted)
+            same = {other: sum(r["text"] == mine_run["text"] for r, mine_run in zip(runs[(task, other)], drafted))
+                    for other in systems if other != "kronk, n-gram drafts"}
             rows.append((f"{label}, {task}: kronk drafts / no drafts, tokens/s",
                          f"{mine:.1f} / {rate['kronk, no drafts']:.1f} = {mine / rate['kronk, no drafts']:.2f}x "
-                         f"({drafted['accepted']} of {drafted['drafted']} drafted taken, {drafted['tokens']} tokens)"))
+                         f"({taken} of {sum(r['drafted'] for r in drafted)} drafted taken, "
+                         f"{sum(r['tokens'] for r in drafted)} tokens)"))
             if llama_server:
                 ngram = max(LLAMA_SERVER_NGRAM, key=lambda kind: rate[f"llama-server, --spec-type {kind}"])
                 best = rate[f"llama-server, --spec-type {ngram}"]
                 rows.append((f"{label}, {task}: llama-server default / best n-gram ({ngram}), tokens/s",
                              f"{rate['llama-server, default']:.1f} / {best:.1f}; kronk drafts = "
                              f"{mine / rate['llama-server, default']:.2f}x / {mine / best:.2f}x"))
-            rows.append((f"{label}, {task}: the same greedy text as", ", ".join(same_as) or "none"))
+            rows.append((f"{label}, {task}: rounds with kronk's drafted text the same as",
+                         ", ".join(f"{other} {count}/{rounds}" for other, count in same.items())))
     (workdir / "latest.json").write_text(json.dumps(everything, indent=2))
     return rows
 

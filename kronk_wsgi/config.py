@@ -37,7 +37,7 @@ class Speculative(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["ngram"] = "ngram"
-    n_max: int = Field(16, ge=1, le=64)
+    n_max: int = Field(64, ge=1, le=64)
     n_min: int = Field(1, ge=1, le=64)
 
 

@@ -3,8 +3,8 @@ this server.
 
 tests/support/llama_server_shim.py stands where the suite starts llama-server: it reads llama-server's command
 line into this server's settings. The suite fetches its tiny models from the Hugging Face hub, out of reach
-here; SmolLM2 stands in for each of them, so the tests that check what the suite's own models write cannot pass,
-for llama-server either. tests/data/llama_server_suite.json names, for each test of the files run here (those
+here; SmolLM2 stands in for each of them (a generated reranker, kronk_wsgi.testing.reranker, for its reranker),
+so the tests that check what the suite's own models write cannot pass, for llama-server either. tests/data/llama_server_suite.json names, for each test of the files run here (those
 not marked slow: they download more models), "pass", or why it cannot pass here. Every test listed "pass" must
 pass; one listed with a reason may pass by chance (sampled text matching what the suite's model writes) and is
 reported. docs/PROTOCOLS.rst gives the counts, with llama-server's on the same model.
@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 
 from kronk_wsgi.testing import fetch_llama_cpp_templates, fetch_llama_server_tests, free_port
+from kronk_wsgi.testing.reranker import write_reranker
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = json.loads((ROOT / "tests" / "data" / "llama_server_suite.json").read_text())
 FILES = sorted({test.split("::")[0] for test in EXPECTED["tests"]})
 
+RERANKER = "ggml-org/models/jina-reranker-v1-tiny-en/ggml-model-f16.gguf"  # the suite's, by its hub name
 ENGINE = os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") or os.environ.get("KRONK_TEST_LLAMA_SERVER")
 pytestmark = [
     pytest.mark.skipif(not ENGINE, reason="the suite runs on the llama.cpp engine (KRONK_TEST_REQUIRE_LLAMACPP)"),
@@ -53,8 +55,9 @@ def test_llama_servers_own_suite_passes_where_it_can(smollm2, tmp_path):
     shim.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'support' / 'llama_server_shim.py'} \"$@\"\n")
     shim.chmod(0o755)
     report = tmp_path / "report.xml"
+    models = {"*": str(smollm2), RERANKER: str(write_reranker(tmp_path / "reranker.gguf", smollm2))}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LLAMA_SERVER_BIN_PATH": str(shim), "PORT": str(free_port()),
-           "KRONK_SUITE_MODELS": json.dumps({"*": str(smollm2)}), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+           "KRONK_SUITE_MODELS": json.dumps(models), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env.pop("PYTEST_ADDOPTS", None)
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", "--timeout",
                     "180", f"--junitxml={report}", *FILES], cwd=suite, env=env, timeout=3000)

@@ -1,15 +1,20 @@
 """Speculative decoding's drafts: tokens a reply will likely go on with, which the model checks in one call.
 
-The drafter is n-gram lookup over the prompt and the reply so far (prompt lookup decoding): where the reply's last
-few tokens occurred before, the tokens that followed them then are proposed. A reply that quotes or rewrites what
-the prompt holds (a file with one change, a JSON document transformed, code quoted back) takes most of them.
+The drafter is n-gram lookup over the prompt and the reply so far (prompt lookup decoding): of the earlier places
+where the reply's last tokens occurred, the one that shares the longest run of tokens with the reply's end is
+taken, and what followed it there is proposed. A reply that quotes or rewrites what the prompt holds (a file with
+one change, a JSON document transformed, code quoted back) takes most of it; the longest match, not the latest,
+finds the right line of a file whose lines look alike.
 """
 
 import dataclasses
 from typing import Sequence
 
-SIZES = (4, 3)  # the n-grams looked up, longest first: a longer match predicts better (two tokens recur too often)
-FIRST_LENGTH = 4  # a draft's length at first; it doubles while drafts are taken whole, and shrinks to what was taken
+KEY = 3  # tokens an earlier occurrence is looked up by
+MIN_MATCH = 8  # tokens an occurrence must share with the text's end to be drafted from: shorter matches mislead
+LONGEST = 64  # how far back a match is measured
+CANDIDATES = 64  # the latest occurrences of the key compared
+FIRST_LENGTH = 8  # a draft's length at first; it doubles while drafts are taken whole, and shrinks to what was taken
 
 
 @dataclasses.dataclass
@@ -42,28 +47,28 @@ class Drafting:
 class Speculation:
     """How a reply is drafted: at most ``n_max`` tokens a step; a draft of fewer than ``n_min`` is not checked."""
 
-    n_max: int = 16
+    n_max: int = 64
     n_min: int = 1
 
 
 class NgramDrafter:
-    """Drafts from the latest earlier occurrence of the last few tokens, among ``tokens`` and those added since."""
+    """Drafts from the earlier occurrence of the text's end that matches it longest, among ``tokens`` and those
+    added since."""
 
     def __init__(self, tokens: Sequence[int]) -> None:
         self.length = FIRST_LENGTH  # how long the next draft may be
         self._tokens: list[int] = []
-        self._seen: dict[int, dict[tuple[int, ...], int]] = {size: {} for size in SIZES}
+        self._seen: dict[tuple[int, ...], list[int]] = {}  # each key's occurrences, by where their continuation starts
         for token in tokens:
             self.add(token)
 
     def add(self, token: int) -> None:
-        """The next token of the text; the n-grams it ends the continuation of become findable."""
+        """The next token of the text; the key it ends the continuation of becomes findable there."""
         tokens = self._tokens
         tokens.append(token)
-        end = len(tokens) - 1  # the n-grams that end before it now have a continuation
-        for size, seen in self._seen.items():
-            if end >= size:
-                seen[tuple(tokens[end - size:end])] = end
+        end = len(tokens) - 1
+        if end >= KEY:
+            self._seen.setdefault(tuple(tokens[end - KEY:end]), []).append(end)
 
     def checked(self, drafted: int, taken: int) -> None:
         """How the last draft went: a draft taken whole is followed by one twice as long, another by one a token
@@ -71,14 +76,20 @@ class NgramDrafter:
         self.length = self.length * 2 if taken == drafted else taken + 1
 
     def draft(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens (and the length the last drafts earned) that followed the longest n-gram ending
-        the text, where it last occurred before."""
-        limit = min(limit, self.length)
+        """Up to ``limit`` tokens (and the length the last drafts earned) that followed the best match of the text's
+        end: none if no earlier occurrence shares MIN_MATCH tokens with it."""
         tokens = self._tokens
-        for size, seen in self._seen.items():
-            if len(tokens) <= size:
-                continue
-            start = seen.get(tuple(tokens[-size:]))
-            if start is not None:
-                return tokens[start:start + limit]
-        return []
+        size = len(tokens)
+        found = self._seen.get(tuple(tokens[-KEY:])) if size > KEY else None
+        best, longest = 0, 0
+        for start in reversed((found or [])[-CANDIDATES:]):
+            shared = KEY
+            while shared < LONGEST and start - shared > 0 and tokens[start - shared - 1] == tokens[size - shared - 1]:
+                shared += 1
+            if shared > longest:
+                best, longest = start, shared
+                if longest == LONGEST:
+                    break
+        if longest < MIN_MATCH:
+            return []
+        return tokens[best:best + min(limit, self.length)]

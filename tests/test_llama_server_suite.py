@@ -31,7 +31,7 @@ RERANKER = "ggml-org/models/jina-reranker-v1-tiny-en/ggml-model-f16.gguf"  # the
 ENGINE = os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") or os.environ.get("KRONK_TEST_LLAMA_SERVER")
 pytestmark = [
     pytest.mark.skipif(not ENGINE, reason="the suite runs on the llama.cpp engine (KRONK_TEST_REQUIRE_LLAMACPP)"),
-    pytest.mark.timeout(1800),  # a server started and stopped per test: about 7 minutes
+    pytest.mark.timeout(1800),  # a server started and stopped per test: about 9 minutes
 ]
 
 

@@ -29,18 +29,18 @@ class Drafting:
     def took(self, place: int) -> None:
         """A drafted token was taken, the ``place``-th of its draft (from 1)."""
         self.accepted += 1
-        if len(self.accepted_at) < place:
-            self.accepted_at.append(0)
-        self.accepted_at[place - 1] += 1
+        self._count_at(place, 1)
 
     def add(self, other: "Drafting") -> None:
         self.drafts += other.drafts
         self.drafted += other.drafted
         self.accepted += other.accepted
         for place, count in enumerate(other.accepted_at, 1):
-            if len(self.accepted_at) < place:
-                self.accepted_at.append(0)
-            self.accepted_at[place - 1] += count
+            self._count_at(place, count)
+
+    def _count_at(self, place: int, count: int) -> None:
+        self.accepted_at.extend([0] * (place - len(self.accepted_at)))
+        self.accepted_at[place - 1] += count
 
 
 @dataclasses.dataclass(frozen=True)

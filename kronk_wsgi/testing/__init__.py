@@ -18,7 +18,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import requests
 
@@ -220,6 +220,23 @@ def metric(server: Server, name: str, **labels) -> float:
     return 0.0
 
 
+def _wait_until_ready(proc: subprocess.Popen, url: str, seconds: float, failure: Callable[[str], str]) -> None:
+    """Poll ``url`` until it answers 200; RuntimeError, with ``failure`` of why, if ``proc`` exits first or
+    ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(failure(f"exited with {proc.returncode}"))
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except (requests.ConnectionError, requests.Timeout):  # not listening yet, or still booting
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(failure(f"not ready after {seconds} s"))
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def run_llama_server(binary: str, model: Path, args: Sequence[str] = ()) -> Iterator[str]:
     """llama.cpp's llama-server on ``model`` with its own ``args``, until it answers /health; its URL."""
@@ -228,18 +245,7 @@ def run_llama_server(binary: str, model: Path, args: Sequence[str] = ()) -> Iter
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode}")
-            try:
-                if requests.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("llama-server did not start")
-            time.sleep(0.2)
+        _wait_until_ready(proc, url + "/health", 120, lambda why: f"llama-server {why}")
         yield url
     finally:
         proc.terminate()
@@ -266,18 +272,7 @@ def run_server(tmp_path: Path, env: Mapping[str, object], args: Sequence[str] = 
         )
     server = Server(proc, f"http://127.0.0.1:{port}", log)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                if requests.get(server.url + ready, timeout=1).status_code == 200:
-                    break
-            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or still booting
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not ready:\n{log.read_text()}")
-            time.sleep(0.1)
+        _wait_until_ready(proc, server.url + ready, 30, lambda why: f"server {why}:\n{log.read_text()}")
         yield server
     finally:
         server.stop()

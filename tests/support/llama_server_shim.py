@@ -102,5 +102,6 @@ def main(argv: list[str]) -> None:
         if asked and time.monotonic() - asked[0] > 4:
             os.killpg(server.pid, signal.SIGKILL)
 
+
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -5,6 +5,7 @@ import http
 import json
 import time
 
+import gevent
 import structlog
 from gunicorn import util
 from gunicorn.http import errors
@@ -43,6 +44,8 @@ class Worker(GeventWorker):
     traceback; the requests a dying worker cuts (gunicorn's timeout, a quick shutdown) are logged as cut; and a
     stopping worker waits for its background responses as for its streams."""
 
+    quitting = False  # a quick shutdown has begun
+
     def handle_error(self, req, client, addr, exc) -> None:
         if not isinstance(exc, errors.ParseException) or isinstance(exc, errors.ConfigurationProblem):
             super().handle_error(req, client, addr, exc)  # the server's fault: gunicorn logs the traceback
@@ -73,8 +76,20 @@ class Worker(GeventWorker):
         super().handle_abort(sig, frame)
 
     def handle_quit(self, sig, frame) -> None:
-        self._log_cut("worker_stopped")  # SIGINT or SIGQUIT: stop now, without the drain
-        super().handle_quit(sig, frame)
+        """SIGINT or SIGQUIT: stop now, without the drain. gunicorn's gevent worker would end a greenlet of its
+        own with SystemExit, which gevent reports as a traceback; here the main greenlet gets it."""
+        if self.quitting:
+            return  # the master passes the signal on too
+        self.quitting = True
+        self._log_cut("worker_stopped")
+        self.alive = False
+        main = gevent.get_hub().parent
+
+        def stop() -> None:
+            self.cfg.worker_int(self)
+            main.throw(SystemExit(0))
+
+        gevent.spawn(stop)  # out of the signal handler, which may run in the event loop
 
     def _log_cut(self, outcome: str) -> None:
         kronk = getattr(self.wsgi, "extensions", {}).get("kronk")

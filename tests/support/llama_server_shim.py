@@ -84,9 +84,9 @@ def main(argv: list[str]) -> None:
     server = subprocess.Popen([sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind",
                                f"{host}:{options.get('--port', '8080')}"], env=env, start_new_session=True)
 
-    # The suite kills llama-server 5 s after asking it to stop: the whole server (master and workers) is gone by
-    # then, or the next test would find this one's workers on its port. (A graceful stop waits for idle keep-alive
-    # connections: gunicorn's keepalive, 5 s.)
+    # llama-server stops at once when asked; the suite kills it 5 s later. The whole server (master and workers)
+    # is told to stop now (gunicorn's quick shutdown, SIGQUIT: a graceful stop takes a second or more) and is
+    # killed if still there after 4 s, or the next test would find this one's workers on its port.
     asked: list[float] = []  # when the suite asked it to stop
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: asked.append(time.monotonic()))
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> None:
         except subprocess.TimeoutExpired:
             pass
         if asked and not passed_on:
-            os.killpg(server.pid, signal.SIGTERM)
+            os.killpg(server.pid, signal.SIGQUIT)
             passed_on = True
         if asked and time.monotonic() - asked[0] > 4:
             os.killpg(server.pid, signal.SIGKILL)

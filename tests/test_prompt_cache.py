@@ -349,6 +349,16 @@ def test_a_next_turn_sent_at_once_finds_its_prefix_on_one_worker_and_on_two(smol
                     workers, topic)
             if workers == 1:  # the next turn took the slot that held its prefix: nothing was restored
                 assert metric(server, "kronk_prompt_cache_events_total", model="smol", event="hits") == 0
+                # nor saved: each conversation stays in its slot until a prompt overwrites it, which saves it first
+                assert metric(server, "kronk_prompt_cache_events_total", model="smol", event="saved") == 0
+                client.chat.completions.create(model="smol", max_tokens=4, temperature=0, messages=[
+                    {"role": "user", "content": "A recipe for bread with flour, water and salt. " * 150}])
+                assert metric(server, "kronk_prompt_cache_events_total", model="smol", event="saved") == 1
+                for topic in ("lighthouses", "glaciers"):
+                    prompt = f"Facts about {topic} and the people who studied them. " * 150 + " and again"
+                    again = client.chat.completions.create(model="smol", max_tokens=4, temperature=0,
+                                                           messages=[{"role": "user", "content": prompt}])
+                    assert again.usage.prompt_tokens_details.cached_tokens >= 0.95 * again.usage.prompt_tokens
 
 
 @needs_llamacpp

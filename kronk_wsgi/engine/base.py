@@ -96,7 +96,8 @@ class Slot(abc.ABC):
         way, and a branch point: where the prompt leaves a saved or held
         sequence it shares at least a block with (one system prompt and tools
         block before many conversations). A point at the prompt's end is met
-        by the save after the answer, except in a ``sliding_window`` cache,
+        by the save of what the slot holds (after the answer, or before a
+        prompt overwrites it: see serving.pool), except in a ``sliding_window`` cache,
         which cannot be cut back: there the prompt but its last token is saved
         before the answer, so that the same prompt sent again (an agent's next
         session) or continued restores it and evaluates from its last token.
@@ -115,16 +116,19 @@ class Slot(abc.ABC):
             if self.sliding_window and len(tokens) > MIN_TOKENS:
                 self._saves = sorted({*self._saves, len(tokens) - 1})
         keep = self.reusable(keep)
+        # A point a saved state serves already is not saved again: one that holds that very prefix, or (in a cache
+        # that can be cut back) one that goes on past it by an eighth of it at most, such as the last turn's prompt
+        # and answer where the next turn parts from them, saved or still held by this slot (saving nearly the same
+        # state again cost that turn 30-40 ms before its first new token, and as much memory again). Where a
+        # longer conversation goes on past it (a system prompt others will share), the prefix is saved: restoring
+        # it is the smaller copy.
+        held, held_shared = len(self.cached), shared_prefix(tokens, self.cached)
+        self._saves = [p for p in self._saves if not (
+            not self.sliding_window and p <= held_shared and held <= p + p // 8
+            or cache.covers(tokens[:p], self.scope, within=0 if self.sliding_window else p // 8))]
         del self.cached[keep:]
         if cache is not None and len(tokens) >= MIN_TOKENS and any(p >= len(tokens) for p in save_at):
             self.cache_written = len(tokens) - keep  # the whole prompt: saved with its answer (Session does)
-        # A point a saved state serves already is not saved again: one that holds that very prefix, or (in a cache
-        # that can be cut back) one that goes on past it by an eighth of it at most, such as the last turn's prompt
-        # and answer where the next turn parts from them (saving nearly the same state again cost that turn 30-40
-        # ms before its first new token, and as much memory again). Where a longer conversation goes on past it
-        # (a system prompt others will share), the prefix is saved: restoring it is the smaller copy.
-        self._saves = [p for p in self._saves
-                       if not cache.covers(tokens[:p], self.scope, within=0 if self.sliding_window else p // 8)]
         if self._saves:
             self.cache_written = max(self.cache_written, self._saves[-1] - keep)
         return keep

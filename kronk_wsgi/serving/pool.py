@@ -40,7 +40,7 @@ log = structlog.get_logger("kronk_wsgi.pool")
 WITHOUT_DIRECTORIES = re.compile(r"(?:/[\w.@+-]+)+/")
 
 # How long a prompt-cache disk write waits for the model's slots to be idle; and, with one worker (no other
-# worker waits for the entry), how long it leaves a next turn to arrive first.
+# worker waits for the entry: see LoadedModel.shared_cache), how long it leaves a next turn to arrive first.
 DISK_WRITE_DELAY = 2.0
 NEXT_TURN_GRACE = 1.0
 
@@ -107,7 +107,7 @@ class LoadedModel:
 
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
                  max_waiting: Optional[int], metrics: Metrics, unused: Callable[[], None], memory: int = 0,
-                 path: Optional[Path] = None, stop: Sequence[str] = (), disk_write_grace: float = 0.0,
+                 path: Optional[Path] = None, stop: Sequence[str] = (), shared_cache: bool = True,
                  speculative: Optional[Speculative] = None) -> None:
         self.id = model_id
         self.path = path  # its file, whose size and modification time must stay what they were at the load
@@ -135,7 +135,12 @@ class LoadedModel:
         self.prep = ThreadPool(1)
         self._disk_writer = ThreadPool(1)  # prompt-cache disk writes, after the slot that saved is given back
         self.scheduler = Scheduler(model_id, slots, places, max_waiting, metrics)
-        self.disk_write_grace = disk_write_grace  # seconds a disk write leaves a next turn to arrive
+        # Whether other workers read the prompt cache's disk tier. Then an answer's state is saved as it ends, so
+        # that its next turn finds it from any worker. Otherwise it stays in its slot until a prompt overwrites it
+        # (Slot.reuse saves it first), the model goes or the worker stops: a next turn sent at once, which takes
+        # the same slot, does not wait for a save it does not need; and a disk write leaves it time to arrive.
+        self.shared_cache = shared_cache
+        self.disk_write_grace = 0.0 if shared_cache else NEXT_TURN_GRACE  # seconds left to a next turn
         self._write_due: Optional[gevent.Greenlet] = None  # a disk write waiting for its time
 
     def file_changed(self) -> bool:
@@ -159,11 +164,17 @@ class LoadedModel:
         self._disk_writer.spawn(self.prompt_cache.write_deferred)
 
     def write_now(self) -> None:
-        """Write the saved states a disk write is waiting to write, now (the model goes, or the worker stops)."""
+        """Save what the idle slots hold, and write every saved state that waits for its disk write, now (the model
+        goes, or the worker stops)."""
+        if self.prompt_cache is None:
+            return
+        for slot in self.scheduler.slots:
+            if self.scheduler.states[slot] == "idle":
+                offload.call(self.slot_threads, slot.keep_state, True)
         if self._write_due is not None:
             self._write_due.kill()
             self._write_due = None
-            offload.call(self._disk_writer, self.prompt_cache.write_deferred)
+        offload.call(self._disk_writer, self.prompt_cache.write_deferred)
 
     def claim(self) -> None:
         self.users += 1
@@ -321,7 +332,7 @@ class ModelPool:
         # gevent objects belong to the hub's thread: build the model here, not in _load.
         model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
                             self.settings.max_waiting, self.metrics, self._unused, memory, path, spec.stop,
-                            NEXT_TURN_GRACE if self.settings.workers == 1 else 0.0, spec.speculative)
+                            self.settings.workers > 1, spec.speculative)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)

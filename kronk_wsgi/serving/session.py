@@ -68,7 +68,7 @@ def _drive(job: Job, slot: Slot, model: LoadedModel, cancel: _Cancel, channel: T
     """Worker thread: run the job, handing each event to the channel."""
     try:
         for event in job.run(slot, model.engine.context_length, cancel):
-            if isinstance(event, Finished):  # before the client can send its next turn
+            if isinstance(event, Finished) and model.shared_cache:  # before the client can send its next turn
                 slot.announce_state()
             channel.put((time.monotonic(), event))
     except Cancelled:
@@ -76,9 +76,10 @@ def _drive(job: Job, slot: Slot, model: LoadedModel, cancel: _Cancel, channel: T
     except Exception as exc:  # the engine's failure becomes an in-band event
         channel.put((time.monotonic(), exc))
     else:
-        # The answer is out: the next prompt that takes this slot does not wait for the save; the disk write
-        # follows once the slot is given back.
-        slot.keep_state(waited_for=True)
+        if model.shared_cache:
+            # The answer is out, and its next turn may come to another worker: saved now, written to disk once
+            # the slot is given back.
+            slot.keep_state(waited_for=True)
 
 
 class Session:

@@ -1,4 +1,4 @@
-"""Each family's reasoning and tool calls, end to end through real gunicorn, streamed in every protocol (thirty
+"""Each family's reasoning and tool calls, end to end through real gunicorn, streamed in every protocol (thirty-two
 families, a model each).
 
 The models are the scripted engine (tests.support.scripted: the real engine, its sampling steered to write a
@@ -76,6 +76,12 @@ FAMILIES = {
                               f'[THINK]{THOUGHT}[/THINK][TOOL_CALLS]get_weather[ARGS]{{"city": "Paris"}}', THOUGHT, ""),
     "mistral-nemo": ("mistralai-Mistral-Nemo-Instruct-2407.jinja",
                      '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", ""),
+    "kimi-k3": ("Kimi-K3.jinja", f"{THOUGHT}<|close|>think<|sep|><|open|>response<|sep|>Let me check.<|close|>response"
+                '<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" '
+                'type="string"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
+                "<|close|>message<|sep|>", THOUGHT, "Let me check."),
+    "functionary-v3.2": ("meetkai-functionary-medium-v3.2.jinja", 'all\nLet me check.>>>get_weather\n{"city": "Paris"}',
+                         "", "Let me check."),
     "lfm2.5": ("LFM2.5-8B-A1B.jinja", 'Let me check.<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
                "", "Let me check."),
     "granite-3.3": ("ibm-granite-granite-3.3-2B-Instruct.jinja", f"<think>{THOUGHT}</think>"

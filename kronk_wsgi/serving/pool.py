@@ -32,6 +32,7 @@ from ..metrics import Metrics
 from ..model_registry import ModelRegistry
 from . import offload
 from .drain import Drain
+from .formats import reply_end
 from .scheduler import CLIENT_POLL_SECONDS, ClientGone, Scheduler
 
 log = structlog.get_logger("kronk_wsgi.pool")
@@ -120,13 +121,12 @@ class LoadedModel:
         self._unused = unused  # called when the last of them lets go
         self.last_used = time.monotonic()
         self.keep_alive: Optional[float] = None  # seconds it stays loaded unused, as a client asked; < 0: for good
-        closing = engine.tokenizer.control.get(template.closing_token() or "")
-        self.end_ids = engine.tokenizer.end_ids | ({closing} if closing is not None else set())
-        # The turn's closing marker, where the vocabulary has it only as text, and the model's configured stops:
-        # a reply ends there too.
-        text = template.closing_text()
-        closing_text = (text,) if text and text not in engine.tokenizer.control else ()
-        self.end_texts: tuple[str, ...] = closing_text + tuple(stop)
+        # The turn's closing marker ends a reply as the vocabulary's end tokens do: as a control token, or as text
+        # where the vocabulary has it only as text; so do the model's configured stops.
+        closing = reply_end(template)
+        token = engine.tokenizer.control.get(closing or "")
+        self.end_ids = engine.tokenizer.end_ids | ({token} if token is not None else set())
+        self.end_texts: tuple[str, ...] = ((closing,) if closing and token is None else ()) + tuple(stop)
         # How replies are drafted, unless a request says otherwise: the model's setting
         self.speculation = Speculation(speculative.n_max, speculative.n_min) if speculative is not None else None
         self.created = int(time.time())

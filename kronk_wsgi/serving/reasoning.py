@@ -16,10 +16,19 @@ from .formats import format_of
 
 @dataclasses.dataclass(frozen=True)
 class ReasoningSyntax:
-    """The tags around a model's thinking."""
+    """The tags around a model's thinking; ``answers``: tags that end it too, opening the answer (kept in its
+    text, for the call format to read); ``marker``: what a template that uses them has (the closing tag, unless
+    the template writes its tags through a macro); ``spoken``: the opening is words of the thinking, which
+    llama.cpp reads as part of it."""
 
     open: str
     close: str
+    answers: tuple[str, ...] = ()
+    marker: str = ""
+    spoken: bool = False  # the opening is part of the thinking, also where the prompt wrote it
+
+    def used_by(self, template_source: str) -> bool:
+        return (self.marker or self.close) in template_source
 
 
 SYNTAXES = (
@@ -30,12 +39,18 @@ SYNTAXES = (
     ReasoningSyntax("<|inner_prefix|>", "<|inner_suffix|>"),
     ReasoningSyntax("<|channel>thought", "<channel|>"),  # Gemma 4
     ReasoningSyntax("<mm:think>", "</mm:think>"),  # MiniMax M3
+    # Kimi K3: a reply may leave its thinking without closing it, its answer opening instead
+    ReasoningSyntax("<|open|>think<|sep|>", "<|close|>think<|sep|>", ("<|open|>response<|sep|>",),
+                    "close_tag('think')"),
+    # Apriel 1.6: its prompt opens the thinking with these words
+    ReasoningSyntax("Here are my reasoning steps:\n", "[BEGIN FINAL RESPONSE]", marker="reasoning_asst_turn_start",
+                    spoken=True),
 )
 
 
 def reasoning_of(template_source: str) -> Optional[ReasoningSyntax]:
     """The thinking tags a chat template uses, if it uses any."""
-    return next((s for s in SYNTAXES if s.close in template_source), None)
+    return next((s for s in SYNTAXES if s.used_by(template_source)), None)
 
 
 def reasons(template_source: str) -> bool:
@@ -46,7 +61,7 @@ def reasons(template_source: str) -> bool:
 
 def opens_thinking(prompt: str, syntax: ReasoningSyntax) -> bool:
     """Whether a rendered prompt leaves the reply inside an open thinking block."""
-    return prompt.rstrip().endswith(syntax.open)
+    return prompt.rstrip().endswith(syntax.open.rstrip())
 
 
 _START, _THINKING, _HELD, _ANSWER = "start", "thinking", "held", "answer"  # held: thinking, or a call
@@ -69,6 +84,7 @@ class ReasoningSplitter:
         self._state = _THINKING if inside else _START
         self._skip_space = inside
         self._pending = ""
+        self._spoken = syntax.open if inside and syntax.spoken else ""  # said before the first reasoning
 
     def feed(self, text: str) -> list[ReasoningDelta | TextDelta]:
         out: list[ReasoningDelta | TextDelta] = []
@@ -76,35 +92,40 @@ class ReasoningSplitter:
         if self._skip_space:
             self._pending = self._pending.lstrip()
             self._skip_space = not self._pending
+        close, answers = self.syntax.close, self.syntax.answers
         if self._state == _START:
             head = self._pending.lstrip()
             if head.startswith(self.syntax.open):
                 self._state, self._pending = _THINKING, head[len(self.syntax.open):].lstrip()
                 self._skip_space = not self._pending
-            elif self.syntax.open.startswith(head):
-                return out  # still possibly the opening tag
+                self._spoken = self.syntax.open if self.syntax.spoken else ""
+            elif head.startswith(close):  # a reply without thinking, said so (MiniMax M3 writes a bare close)
+                self._state, self._pending = _ANSWER, head[len(close):].lstrip()
+                self._skip_space = not self._pending
+            elif self.syntax.open.startswith(head) or close.startswith(head):
+                return out  # still possibly one of the tags
             else:
                 self._state = _ANSWER
-        close = self.syntax.close
         if self._state == _THINKING:
-            found = [(at, end) for end in (close,) + self._ends if (at := self._pending.find(end)) >= 0]
+            marks = (close,) + answers + self._ends
+            found = [(at, end) for end in marks if (at := self._pending.find(end)) >= 0]
             if not found:
-                cut = len(self._pending) - partial_tag(self._pending, (close,) + self._ends)
+                cut = len(self._pending) - partial_tag(self._pending, marks)
                 if cut:
-                    out.append(ReasoningDelta(self._pending[:cut]))
+                    self._think(self._pending[:cut], out)
                 self._pending = self._pending[cut:]
                 return out
-            at = min(found)[0]
+            at, mark = min(found)
             if at:
-                out.append(ReasoningDelta(self._pending[:at]))
+                self._think(self._pending[:at], out)
             self._pending = self._pending[at:]
-            self._state = _HELD if min(found)[1] != close else _THINKING
+            self._state = _ANSWER if mark in answers else _HELD if mark != close else _THINKING
         if self._state in (_THINKING, _HELD):  # the pending text starts with the close, or is held
             at = self._pending.find(close)
             if at < 0:
                 return out
             if at:
-                out.append(ReasoningDelta(self._pending[:at]))
+                self._think(self._pending[:at], out)
             self._state, self._pending = _ANSWER, self._pending[at + len(close):].lstrip()
             self._skip_space = not self._pending
         if self._pending:
@@ -117,4 +138,12 @@ class ReasoningSplitter:
         text, self._pending = self._pending, ""
         if not text:
             return []
-        return [ReasoningDelta(text) if self._state == _THINKING else TextDelta(text)]
+        if self._state != _THINKING:
+            return [TextDelta(text)]
+        out: list[ReasoningDelta | TextDelta] = []
+        self._think(text, out)
+        return out
+
+    def _think(self, text: str, out: list) -> None:
+        out.append(ReasoningDelta(self._spoken + text))
+        self._spoken = ""

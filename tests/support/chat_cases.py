@@ -170,9 +170,28 @@ class Source:
             return name
         return self.messages[name] if name in self.messages else self.tools[name]
 
+    def templates(self, name: str, offset: int) -> list[str]:
+        """The template files the variable ``name`` names at ``offset``: a loop's (``for (... name : {"a", "b"})``),
+        or the ones a function whose parameter it is is called with, each in such a loop or as a literal."""
+        loops = list(re.finditer(rf"for \((?:const auto &|const char \*) ?{name} :\s*\{{([^}}]*)\}}",
+                                 self.text[:offset]))
+        if loops:
+            return re.findall(r'"([^"]+)"', loops[-1].group(1))
+        function = list(re.finditer(rf"static void (\w+)\(const std::string & {name}\b", self.text[:offset]))
+        if not function:
+            return []
+        found = []
+        for call in re.finditer(rf"\b{function[-1].group(1)}\((\w+|\"[^\"]+\")", self.text):
+            argument = call.group(1)
+            found += [argument.strip('"')] if argument.startswith('"') else self.templates(argument, call.start())
+        return found
+
     def cases(self) -> tuple[list[dict], collections.Counter]:
-        testers = [(m.start(), m.group(1), m.group(2).split("/")[-1])
+        testers = [(m.start(), m.group(1), [m.group(2).split("/")[-1]])
                    for m in re.finditer(r'auto (\w+)\s*=\s*peg_tester\("([^"]+)"', self.text)]
+        testers += [(m.start(), m.group(1), [path.split("/")[-1] for path in self.templates(m.group(2), m.start())])
+                    for m in re.finditer(r'auto (\w+)\s*=\s*peg_tester\((\w+)', self.text)]
+        testers.sort()
         cases, left_out = [], collections.Counter()
         toks = self.toks
         for i, (kind, text, offset) in enumerate(toks[:-3]):
@@ -181,18 +200,19 @@ class Source:
             owners = [t for t in testers if t[0] < offset and t[1] == text]
             if not owners:
                 continue
-            try:
-                case = self.case(Reader(toks, i + 4), owners[-1][2], self.text.count("\n", 0, offset) + 1)
-            except _Unexpressible as exc:
-                left_out[str(exc)] += 1
-                continue
-            except (ValueError, KeyError, IndexError, TypeError):
-                left_out["not read"] += 1
-                continue
-            if case["reasoning_format"] in (None, "none") and any(m in case["reply"] for m in THINKING_MARKERS):
-                left_out["thinking with reasoning_format none"] += 1
-                continue
-            cases.append(case)
+            for template in owners[-1][2]:
+                try:
+                    case = self.case(Reader(toks, i + 4), template, self.text.count("\n", 0, offset) + 1)
+                except _Unexpressible as exc:
+                    left_out[str(exc)] += 1
+                    continue
+                except (ValueError, KeyError, IndexError, TypeError):
+                    left_out["not read"] += 1
+                    continue
+                if case["reasoning_format"] in (None, "none") and any(m in case["reply"] for m in THINKING_MARKERS):
+                    left_out["thinking with reasoning_format none"] += 1
+                    continue
+                cases.append(case)
         return cases, left_out
 
     def case(self, reader: Reader, template: str, line: int) -> dict:

@@ -6,6 +6,7 @@ them gets Hermes, which the built-in tool text teaches.
 """
 
 import functools
+from typing import Optional
 
 from . import deepseek, functionary, gemma4, glm, harmony, hermes, json_lists, kimi, llama3, minimax, mistral, \
     pythonic, xml_attributes, xml_parameters
@@ -24,6 +25,7 @@ FORMATS: tuple[CallFormat, ...] = (
     xml_parameters.QWEN3_CODER,
     glm.FORMAT,
     minimax.FORMAT,
+    kimi.K3,
     kimi.FORMAT,
     deepseek.R1,
     deepseek.V3_1,
@@ -38,6 +40,7 @@ FORMATS: tuple[CallFormat, ...] = (
     json_lists.GIGACHAT,
     json_lists.TOOL_CALLS,
     pythonic.FORMAT,
+    functionary.V3_2,
     functionary.V3_1,
     hermes.FORMAT,
     llama3.FORMAT,
@@ -52,6 +55,15 @@ def format_of(template_source: str) -> CallFormat:
     return next((f for f in FORMATS if f.recognises(template_source)), HERMES)
 
 
+def reply_end(template: ChatTemplate) -> Optional[str]:
+    """The marker a template closes an assistant turn with, which ends a reply; None where there is none, or
+    where the model's format reads it inside replies (Kimi K3's ``<|close|>`` closes each of its sections,
+    GigaChat 3 writes its calls after a ``<|message_sep|>``): the vocabulary's end tokens end those."""
+    marker = template.closing_text()
+    form = format_of(template.source)
+    return None if marker in form.tags + form.drops + form.opens else marker
+
+
 def tool_rendering(template: ChatTemplate) -> str:
     """How tools reach a template's model, and the format its calls are read in (for inspect and /admin)."""
     form = format_of(template.source)
@@ -63,4 +75,4 @@ def tool_rendering(template: ChatTemplate) -> str:
 
 
 __all__ = ["Call", "CallFormat", "CallReader", "FORMATS", "HERMES", "ToolCallRules", "custom_arguments",
-           "custom_input", "format_of", "tool_rendering"]
+           "custom_input", "format_of", "reply_end", "tool_rendering"]

@@ -38,11 +38,12 @@ Parse = Callable[[str, Schemas], Optional[list[Call]]]
 
 @dataclasses.dataclass(frozen=True)
 class XmlArguments:
-    """Arguments written one element per parameter: ``key_head(name, is_text)``, the value (as JSON; with
+    """Arguments written one element per parameter: ``key_head(name, kind)``, the value (as JSON; with
     ``raw_strings`` a string's text as it is, between ``quote`` marks, matching ``text``), then ``key_tail``
-    (with the name for ``{key}``); ``separator`` between two parameters."""
+    (with the name for ``{key}``); ``separator`` between two parameters. ``kind`` is the JSON type of the value
+    written: "string" for text written as it is, "" where the schema does not say."""
 
-    key_head: Callable[[str, bool], str]
+    key_head: Callable[[str, str], str]
     key_tail: str
     separator: str = ""
     raw_strings: bool = True
@@ -70,6 +71,7 @@ class CallFormat:
     unclosed: bool = False  # calls the reply ends in before their close are read
     kept: tuple[str, ...] = ()  # texts that open calls too, and are part of what is parsed
     reads_reasoning: bool = False  # its reader tells reasoning apart too: it reads every reply
+    frames_replies: bool = False  # every reply is framed in its way (its reader reads it, tools or not)
     drops: tuple[str, ...] = ()  # markers around its answers, left out of the text
     tags: tuple[str, ...] = ()  # its markers that a vocabulary may have as control tokens
 
@@ -96,13 +98,14 @@ class CallFormat:
         for key, value in call.arguments.items():
             raw = self.xml.raw_strings and _is_text(properties.get(key)) and isinstance(value, str)
             text = f"{self.xml.quote}{value}{self.xml.quote}" if raw else json.dumps(value, ensure_ascii=False)
-            out.append(self.xml.key_head(key, raw) + text + self.xml.key_tail.format(key=key))
+            kind = "string" if raw else _kind_of(value)
+            out.append(self.xml.key_head(key, kind) + text + self.xml.key_tail.format(key=key))
         return self.xml.separator.join(out)
 
     def teaching(self, tools: list[dict]) -> str:
         """System text that offers ``tools`` and shows how to call one in this format."""
         arguments = '{"<parameter>": <value>}' if self.xml is None else \
-            self.xml.key_head("<parameter>", False) + "<value>" + self.xml.key_tail.format(key="<parameter>")
+            self.xml.key_head("<parameter>", "") + "<value>" + self.xml.key_tail.format(key="<parameter>")
         example = self.opening("<function-name>") + arguments + self.tail + self.end
         signatures = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
         return (f"# Tools\n\nYou may call one or more functions to assist with the user query. Their "
@@ -184,11 +187,13 @@ class CallFormat:
         items: dict[str, str] = {}
         for key, value_schema in (schema.get("properties") or {}).items():
             tail = self.xml.key_tail.format(key=key)
-            if self.xml.raw_strings and _is_text(value_schema):
+            raw = self.xml.raw_strings and _is_text(value_schema)
+            if raw:
                 value = self._text_value(tail, text)
             else:
                 value = f"{lark_json(value_schema, lenient=lenient)} {text(tail)}"
-            items[key] = f"{text(self.xml.key_head(key, self.xml.raw_strings and _is_text(value_schema)))} {value}"
+            kind = "string" if raw else value_schema.get("type") if isinstance(value_schema, dict) else None
+            items[key] = f"{text(self.xml.key_head(key, kind if isinstance(kind, str) else ''))} {value}"
         if not items:
             return ""
         if not self.xml.separator:
@@ -208,6 +213,15 @@ def _regex_literal(text: str) -> str:
 
 def _is_text(schema: Any) -> bool:
     return isinstance(schema, dict) and schema.get("type") == "string"
+
+
+def _kind_of(value: Any) -> str:
+    """The JSON type of a value."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "integer" if isinstance(value, int) else "number"
+    return {str: "string", dict: "object", list: "array", type(None): "null"}.get(type(value), "")
 
 
 def xml_value(text: str, schema: Any) -> Any:
@@ -324,6 +338,9 @@ class CallReader:
                     return out
                 at, opening = min(found, key=lambda f: (f[0], -len(f[1])))
                 self._text(self._pending[:at], out)
+                if any(len(m) > len(self._pending) - at and m.startswith(self._pending[at:]) for m in marks):
+                    self._pending = self._pending[at:]  # still possibly a longer mark that begins with this one
+                    return out
                 if opening in self.format.drops:
                     self._pending = self._pending[at + len(opening):]
                     continue

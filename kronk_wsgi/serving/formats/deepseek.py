@@ -95,7 +95,7 @@ def _dsml(block: str) -> CallFormat:
         head=lambda name: f'<{DSML}invoke name="{name}">\n',
         tail=f"</{DSML}invoke>\n",
         end=f"</{DSML}{block}>",
-        xml=XmlArguments(lambda key, text: f'<{DSML}parameter name="{key}" string="{"true" if text else "false"}">',
+        xml=XmlArguments(lambda key, kind: f'<{DSML}parameter name="{key}" string="{"true" if kind == "string" else "false"}">',
                          f"</{DSML}parameter>\n"),
     )
 

@@ -1,9 +1,16 @@
-"""Functionary v3.1: ``<function=name>{...}</function>`` for each call."""
+"""Functionary v3.1: ``<function=name>{...}</function>`` for each call.
+
+Functionary v3.2: a reply of messages, each ``>>>`` (the prompt writes the first), its recipient, a newline,
+then its text: to ``all`` it is the answer; to a tool, a call with its arguments' JSON.
+"""
 
 import json
+import uuid
 from typing import Optional
 
-from .base import Call, CallFormat, Schemas, named_call
+from ...engine.generate import partial_tag
+from ..events import TextDelta, ToolCall
+from .base import Call, CallFormat, CallReader, Event, Schemas, ToolCallRules, named_call
 
 
 def _calls(body: str, _schemas: Schemas) -> Optional[list[Call]]:
@@ -28,4 +35,85 @@ V3_1 = CallFormat(
     head=lambda name: f"{name}>",
     between="</function><function=",
     end="</function>",
+)
+
+
+SEND, ALL = ">>>", "all"
+
+
+class _V3_2Reader(CallReader):
+    """Reads a Functionary v3.2 reply message by message: the answer streams, a call is read once its message
+    ends. A message to no tool on offer is text, its header with it."""
+
+    def __init__(self, rules: ToolCallRules) -> None:
+        super().__init__(rules)
+        self._recipient: Optional[str] = None  # None: reading a message's header
+
+    def feed(self, text: str) -> list[Event]:
+        self._pending += text
+        out: list[Event] = []
+        while True:
+            if self._recipient is None:
+                head, found, rest = self._pending.partition("\n")
+                if not found:
+                    return out
+                self._recipient, self._pending = head.strip(), rest
+                if self._recipient not in self.rules.schemas and self._recipient != ALL:
+                    self._text(head + "\n", out)  # not a recipient: the model wrote text
+                    self._recipient = ALL
+                continue
+            at = self._pending.find(SEND)
+            if at < 0:
+                if self._recipient == ALL:
+                    cut = len(self._pending) - partial_tag(self._pending, (SEND,))
+                    self._text(self._pending[:cut], out)
+                    self._pending = self._pending[cut:]
+                return out
+            body, self._pending = self._pending[:at], self._pending[at + len(SEND):]
+            self._end_message(body, out)
+
+    def flush(self, cut: bool = False) -> list[Event]:
+        out: list[Event] = []
+        pending, self._pending = self._pending, ""
+        if self._recipient is None:
+            self._text(pending, out)
+        else:
+            self._end_message(pending, out, cut)
+        if self._space and not self._after_call:
+            out.append(TextDelta(self._space))
+        self._space = ""
+        return out
+
+    def _end_message(self, body: str, out: list, cut: bool = False) -> None:
+        recipient, self._recipient = self._recipient, None
+        if recipient == ALL:
+            self._text(body, out)
+            return
+        call = named_call(recipient, body.strip() or "{}")
+        if call is not None and self.rules.accept(call.name, call.arguments):
+            out.append(ToolCall(uuid.uuid4().hex[:24], call.name, json.dumps(call.arguments, ensure_ascii=False)))
+            self.calls += 1
+            self._after_call, self._space = True, ""
+        elif cut:
+            out.append(ToolCall(uuid.uuid4().hex[:24], recipient, body.strip(), complete=False))
+            self.calls += 1
+        else:
+            self._text(f"{recipient}\n{body}", out)
+
+
+class _V3_2(CallFormat):
+    def reader(self, rules: ToolCallRules) -> CallReader:
+        return _V3_2Reader(rules)
+
+
+V3_2 = _V3_2(
+    name="functionary-v3.2",
+    markers=(">>>all",),
+    opens=(SEND,),
+    close=None,
+    parse=lambda body, schemas: None,  # its reader reads the messages
+    start="",  # the prompt ends with the first message's >>>
+    head=lambda name: f"{name}\n",
+    between=SEND,
+    frames_replies=True,  # the answer's header is left out
 )

@@ -96,6 +96,8 @@ FORMAT = CallFormat(
     tail="}",
     between="<tool_call|><|tool_call>",
     end="<tool_call|>",
-    xml=XmlArguments(lambda key, _text: f"{key}:", "", separator=",", quote=QUOTE, text=r'([^<]|<[^|]|<\|[^"])*'),
-    tags=("<|tool_call>", "<tool_call|>", QUOTE),
+    xml=XmlArguments(lambda key, _kind: f"{key}:", "", separator=",", quote=QUOTE, text=r'([^<]|<[^|]|<\|[^"])*'),
+    # Empty thought blocks and stray channel marks a model writes around its answer
+    drops=("<|channel>thought\n<channel|>", "<channel|>", "<|channel>"),
+    tags=("<|tool_call>", "<tool_call|>", QUOTE, "<|channel>", "<channel|>"),
 )

@@ -36,6 +36,6 @@ FORMAT = CallFormat(
     head=lambda name: f"{name}\n",
     between="</tool_call>\n<tool_call>",
     end="</tool_call>",
-    xml=XmlArguments(lambda key, _text: f"<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
+    xml=XmlArguments(lambda key, _kind: f"<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
     tags=("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
 )

@@ -32,7 +32,7 @@ FORMAT = CallFormat(
     head=lambda name: f'<invoke name="{name}">\n',
     tail="</invoke>\n",
     end="</minimax:tool_call>",
-    xml=XmlArguments(lambda key, _text: f'<parameter name="{key}">', "</parameter>\n"),
+    xml=XmlArguments(lambda key, _kind: f'<parameter name="{key}">', "</parameter>\n"),
     tags=("<minimax:tool_call>", "</minimax:tool_call>"),
 )
 
@@ -56,10 +56,21 @@ def _m3_elements(text: str) -> Optional[list[tuple[str, str]]]:
     return elements if not text[at:].strip() else None
 
 
+def _allows_text(schema: Any) -> bool:
+    """Whether a schema takes a string: its type, or one of its ``anyOf`` or ``oneOf`` choices."""
+    if not isinstance(schema, dict):
+        return False
+    kinds = schema.get("type")
+    if kinds == "string" or (isinstance(kinds, list) and "string" in kinds):
+        return True
+    return any(_allows_text(choice) for key in ("anyOf", "oneOf") if isinstance(schema.get(key), list)
+               for choice in schema[key])
+
+
 def _m3_value(text: str, schema: Any) -> Any:
     """A parameter's value: a string's text as it is; an array of ``<item>`` elements or an object of elements
     read as such; any other text as JSON, else as a string."""
-    if isinstance(schema, dict) and schema.get("type") == "string":
+    if _allows_text(schema):  # even where the text looks like elements, as llama.cpp reads it
         return text
     elements = _m3_elements(text) if text.lstrip().startswith(("<", SEPARATOR)) else None
     if not elements:
@@ -95,7 +106,7 @@ M3 = CallFormat(
     head=lambda name: f'{SEPARATOR}<invoke name="{name}">',
     tail=f"{SEPARATOR}</invoke>\n",
     end=SEPARATOR + "</tool_call>",
-    xml=XmlArguments(lambda key, _text: f"{SEPARATOR}<{key}>", SEPARATOR + "</{key}>",
+    xml=XmlArguments(lambda key, _kind: f"{SEPARATOR}<{key}>", SEPARATOR + "</{key}>",
                      text=r"([^\]]|\][^<])*"),  # a string's text: anything but the separator
     tags=(SEPARATOR,),
 )

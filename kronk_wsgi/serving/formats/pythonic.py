@@ -54,7 +54,7 @@ def _calls(body: str, _schemas: Schemas) -> Optional[list[Call]]:
 
 FORMAT = CallFormat(
     name="pythonic",
-    markers=("<|tool_call_start|>",),
+    markers=("List of tools: ",),  # every LFM2 template's; not all of them write calls
     opens=("<|tool_call_start|>",),
     close="<|tool_call_end|>",
     parse=_calls,
@@ -63,6 +63,6 @@ FORMAT = CallFormat(
     tail=")",
     between=", ",
     end="]<|tool_call_end|>",
-    xml=XmlArguments(lambda key, _text: f"{key}=", "", separator=", ", raw_strings=False),
+    xml=XmlArguments(lambda key, _kind: f"{key}=", "", separator=", ", raw_strings=False),
     tags=("<|tool_call_start|>", "<|tool_call_end|>"),
 )

@@ -29,5 +29,5 @@ MINICPM5 = CallFormat(
     head=lambda name: f'{name}">',
     between='</function><function name="',
     end="</function>",
-    xml=XmlArguments(lambda key, _text: f'<param name="{key}">', "</param>"),
+    xml=XmlArguments(lambda key, _kind: f'<param name="{key}">', "</param>"),
 )

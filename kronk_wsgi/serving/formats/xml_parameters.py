@@ -40,7 +40,7 @@ QWEN3_CODER = CallFormat(
     tail="</function>\n",
     between="</tool_call>\n<tool_call>\n",
     end="</tool_call>",
-    xml=XmlArguments(lambda key, _text: f"<parameter={key}>\n", "\n</parameter>\n"),
+    xml=XmlArguments(lambda key, _kind: f"<parameter={key}>\n", "\n</parameter>\n"),
     tags=("<tool_call>", "</tool_call>"),
 )
 
@@ -55,6 +55,6 @@ SEED_OSS = CallFormat(
     tail="</function>\n",
     between="</seed:tool_call>\n<seed:tool_call>\n",
     end="</seed:tool_call>",
-    xml=XmlArguments(lambda key, _text: f"<parameter={key}>", "</parameter>\n"),
+    xml=XmlArguments(lambda key, _kind: f"<parameter={key}>", "</parameter>\n"),
     tags=("<seed:tool_call>", "</seed:tool_call>"),
 )

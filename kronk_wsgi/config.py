@@ -57,6 +57,9 @@ class ModelSpec(BaseModel):
     # Texts that end every reply of this model as its end-of-turn token does (Ollama's Modelfile `stop`): what
     # ends a base model's turn, or a chat format's marker the file lacks. Added to each request's own stops.
     stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=16)
+    # The most tokens a reply has where its request sets no limit (llama-server's --n-predict, Ollama's
+    # num_predict); default: the room left in the context
+    max_tokens: Optional[int] = Field(None, ge=1)
     # "auto": the first engine of the registry that runs the file and takes the engine_options;
     # or "ctransformers", "llama.cpp", or "package.module:KIND"
     engine: str = "auto"

@@ -16,7 +16,8 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def pool(tiny_model):
-    models = {"tiny": ModelSpec(path=str(tiny_model)), "plain": ModelSpec(path=str(tiny_model), chat_template="plain")}
+    models = {"tiny": ModelSpec(path=str(tiny_model)), "plain": ModelSpec(path=str(tiny_model), chat_template="plain"),
+              "short": ModelSpec(path=str(tiny_model), max_tokens=20)}
     pool = ModelPool(Settings(models=models, default_model="tiny", threads=1), Metrics())
     yield pool
     for model in pool.loaded():
@@ -43,6 +44,13 @@ def test_a_chat_is_rendered_by_the_template_and_may_run_to_the_end_of_the_contex
     assert job.decode.max_tokens == tiny.engine.context_length - len(job.prompts[0])
     assert job.decode.end_ids == tiny.end_ids and job.decode.grammar is None
     assert job.reading.tool_rules is None and job.reading.reply_start == ""
+
+
+def test_a_models_max_tokens_bounds_the_replies_whose_requests_set_none(pool):
+    with pool.use("short") as short:
+        assert plan(short, GenerationRequest("short", prompt_param="messages", messages=ASK)).decode.max_tokens == 20
+        asked = plan(short, GenerationRequest("short", prompt_param="messages", messages=ASK, max_tokens=50))
+        assert asked.decode.max_tokens == 50  # the request's own limit, as llama-server's n_predict overrides -n
 
 
 def test_raw_prompts_each_get_n_replies(tiny):

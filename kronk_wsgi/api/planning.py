@@ -209,7 +209,8 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     context = _context(model, request)
     token_lists = [_prompt_tokens(model, context, text, after_prompt, request) for text in texts]
     room = context - max(map(len, token_lists))
-    limit = room if request.max_tokens is None else min(request.max_tokens, room)  # clamped, as llama-server does
+    asked = request.max_tokens if request.max_tokens is not None else model.max_tokens
+    limit = room if asked is None else min(asked, room)  # clamped, as llama-server does
     decode = DecodeOptions(
         end_ids=frozenset() if request.ignore_eos else model.end_ids,
         end_texts=() if request.ignore_eos else model.end_texts,
@@ -354,7 +355,8 @@ def reply_reading(template: ChatTemplate, prompt: str) -> ReplyReading:
     and the markers its format puts around answers left out (by the format's reader, which no call gets past
     without tools)."""
     form = call_format(template)
-    rules = ToolCallRules(form, lambda name, arguments: False) if form.reads_reasoning or form.drops else None
+    reads = form.reads_reasoning or form.frames_replies or form.drops
+    rules = ToolCallRules(form, lambda name, arguments: False) if reads else None
     reasoning = None if form.reads_reasoning else reasoning_of(template.source)
     return ReplyReading(tool_rules=rules, reasoning=reasoning,
                         inside_thinking=reasoning is not None and opens_thinking(prompt, reasoning))

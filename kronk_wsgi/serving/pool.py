@@ -109,7 +109,7 @@ class LoadedModel:
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
                  max_waiting: Optional[int], metrics: Metrics, unused: Callable[[], None], memory: int = 0,
                  path: Optional[Path] = None, stop: Sequence[str] = (), shared_cache: bool = True,
-                 speculative: Optional[Speculative] = None) -> None:
+                 speculative: Optional[Speculative] = None, max_tokens: Optional[int] = None) -> None:
         self.id = model_id
         self.path = path  # its file, whose size and modification time must stay what they were at the load
         self._stamp = _stamp(path)
@@ -127,6 +127,7 @@ class LoadedModel:
         token = engine.tokenizer.control.get(closing or "")
         self.end_ids = engine.tokenizer.end_ids | ({token} if token is not None else set())
         self.end_texts: tuple[str, ...] = ((closing,) if closing and token is None else ()) + tuple(stop)
+        self.max_tokens = max_tokens  # a reply's length where its request sets none: the model's setting
         # How replies are drafted, unless a request says otherwise: the model's setting
         self.speculation = Speculation(speculative.n_max, speculative.n_min) if speculative is not None else None
         self.created = int(time.time())
@@ -332,7 +333,7 @@ class ModelPool:
         # gevent objects belong to the hub's thread: build the model here, not in _load.
         model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
                             self.settings.max_waiting, self.metrics, self._unused, memory, path, spec.stop,
-                            self.settings.workers > 1, spec.speculative)
+                            self.settings.workers > 1, spec.speculative, spec.max_tokens)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)

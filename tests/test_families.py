@@ -1,4 +1,4 @@
-"""Each family's reasoning and tool calls, end to end through real gunicorn, streamed in every protocol (thirty-two
+"""Each family's reasoning and tool calls, end to end through real gunicorn, streamed in every protocol (thirty-three
 families, a model each).
 
 The models are the scripted engine (tests.support.scripted: the real engine, its sampling steered to write a
@@ -82,6 +82,9 @@ FAMILIES = {
                 "<|close|>message<|sep|>", THOUGHT, "Let me check."),
     "functionary-v3.2": ("meetkai-functionary-medium-v3.2.jinja", 'all\nLet me check.>>>get_weather\n{"city": "Paris"}',
                          "", "Let me check."),
+    "muse-glimmer": ("muse-glimmer.jinja", f" to=self<|message|>{THOUGHT}<|eom|><|start|>assistant to=get_weather"
+                     '<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">'
+                     "Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls>", THOUGHT, ""),
     "lfm2.5": ("LFM2.5-8B-A1B.jinja", 'Let me check.<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>',
                "", "Let me check."),
     "granite-3.3": ("ibm-granite-granite-3.3-2B-Instruct.jinja", f"<think>{THOUGHT}</think>"

@@ -92,6 +92,17 @@ class Reader:
         return items
 
     def expression(self) -> tuple:
+        """An expression; strings joined by ``+`` are one string."""
+        first = self.operand()
+        if self.peek() != "+":
+            return first
+        parts = [first]
+        while self.peek() == "+":
+            self.take()
+            parts.append(self.operand())
+        return ("concat", parts)
+
+    def operand(self) -> tuple:
         kind, text, _ = self.toks[self.at]
         if kind == "string":
             joined = ""
@@ -136,13 +147,18 @@ class Source:
     def __init__(self, text: str) -> None:
         self.text = text
         self.toks = tokens(text)
-        self.tools, self.messages = {}, {}
+        self.tools, self.messages, self.strings = {}, {}, {}
         for match in re.finditer(r"static common_chat_tool (\w+)\{", text):
             name, description, parameters = (v[1] for v in self.reader(match.end()).items("}")[:3])
             try:
                 self.tools[match.group(1)] = {"name": name, "description": description,
                                               "parameters": json.loads(parameters)}
             except ValueError:
+                continue
+        for match in re.finditer(r"const std::string (\w+)\s*=\s*(?=[\"R])", text):  # string constants
+            try:
+                self.strings[match.group(1)] = self.value(self.reader(match.end()).expression())
+            except (KeyError, ValueError, IndexError):
                 continue
         for match in re.finditer(r"common_chat_msg (\w+)\s*=\s*(?=simple_assist_msg|message_with|\w)", text):
             try:
@@ -161,6 +177,8 @@ class Source:
             return float(expression[1]) if "." in expression[1] else int(expression[1])
         if kind == "list":
             return [self.value(item) for item in expression[1]]
+        if kind == "concat":
+            return "".join(self.value(part) for part in expression[1])
         if kind == "call":
             return HELPERS[expression[1]](*(self.value(a) for a in expression[2]))
         name = expression[1]
@@ -168,6 +186,8 @@ class Source:
             return name == "true"
         if name.startswith("COMMON_"):
             return name
+        if name in self.strings:
+            return self.strings[name]
         return self.messages[name] if name in self.messages else self.tools[name]
 
     def templates(self, name: str, offset: int) -> list[str]:

@@ -16,6 +16,7 @@ from .base import Call, CallFormat, CallReader, ToolCallRules, custom_arguments,
 # Most specific first: Qwen3-Coder's template also has Hermes' <tool_call>, Mistral v11's has v3's [TOOL_CALLS].
 FORMATS: tuple[CallFormat, ...] = (
     harmony.FORMAT,
+    harmony.MUSE,
     gemma4.FORMAT,
     minimax.M3,
     deepseek.V4,

@@ -235,6 +235,23 @@ def xml_value(text: str, schema: Any) -> Any:
         return text
 
 
+def allows_text(schema: Any) -> bool:
+    """Whether a schema takes a string: its type, or one of its ``anyOf`` or ``oneOf`` choices."""
+    if not isinstance(schema, dict):
+        return False
+    kinds = schema.get("type")
+    if kinds == "string" or (isinstance(kinds, list) and "string" in kinds):
+        return True
+    return any(allows_text(choice) for key in ("anyOf", "oneOf") if isinstance(schema.get(key), list)
+               for choice in schema[key])
+
+
+def text_value(text: str, schema: Any) -> Any:
+    """A parameter's value written as an element, as llama.cpp reads one where a string may be: its text as it is
+    if the schema takes a string (even where the text looks like JSON), else as JSON, else as text."""
+    return text if allows_text(schema) else xml_value(text, schema)
+
+
 def json_calls(body: str, _schemas: Schemas = None) -> Optional[list[Call]]:
     """The calls in a JSON object or list of objects with ``name`` and ``arguments`` (or ``parameters``);
     None if it is not one."""

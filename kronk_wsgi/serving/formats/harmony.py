@@ -6,6 +6,8 @@ The ``analysis`` channel is the model's reasoning, a message to ``functions.x`` 
 (its text the arguments' JSON), and any other message (``final``, ``commentary``) is the answer. A message
 to a recipient the request offers no tool for (gpt-oss's built-in ``python`` or ``browser``) is left out,
 as llama-server leaves it out.
+
+Muse Glimmer's ATEM has the same frame without channels (see ``MUSE``).
 """
 
 import json
@@ -15,7 +17,7 @@ from typing import Optional
 
 from ...engine.generate import partial_tag
 from ..events import ReasoningDelta, TextDelta, ToolCall
-from .base import CallFormat, CallReader, Event, ToolCallRules, named_call
+from .base import Call, CallFormat, CallReader, Event, ToolCallRules, XmlArguments, named_call, text_value
 
 MESSAGE, ENDS, START = "<|message|>", ("<|end|>", "<|call|>", "<|return|>"), "<|start|>"
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -25,6 +27,9 @@ _RECIPIENT = re.compile(r"\bto=(?:functions\.)?([^\s<]+)")
 
 class HarmonyReader(CallReader):
     """Splits a streamed Harmony reply into reasoning, answer and calls."""
+
+    ends = ENDS  # what ends a message
+    thinking_recipient = ""  # a recipient whose messages are reasoning, if the format has one
 
     def __init__(self, rules: ToolCallRules) -> None:
         super().__init__(rules)
@@ -46,11 +51,13 @@ class HarmonyReader(CallReader):
                 recipient = _RECIPIENT.search(header)
                 self._channel = channels[-1] if channels else ""
                 self._recipient = recipient.group(1) if recipient and recipient.group(1) not in _NOT_TOOLS else None
+                if self._recipient is not None and self._recipient == self.thinking_recipient:
+                    self._channel, self._recipient = "analysis", None
                 self._header, self._arguments = None, ""
                 continue
-            found = [(at, end) for end in ENDS + (START,) if (at := self._pending.find(end)) >= 0]
+            found = [(at, end) for end in self.ends + (START,) if (at := self._pending.find(end)) >= 0]
             if not found:
-                cut = len(self._pending) - partial_tag(self._pending, ENDS + (START,))
+                cut = len(self._pending) - partial_tag(self._pending, self.ends + (START,))
                 self._content(self._pending[:cut], out)
                 self._pending = self._pending[cut:]
                 return out
@@ -85,7 +92,7 @@ class HarmonyReader(CallReader):
     def _end_message(self, out: list, cut: bool = False) -> None:
         if self._recipient is not None:
             name, arguments = self._recipient, self._arguments
-            call = named_call(name, arguments.strip() or "{}")
+            call = self._call(name, arguments)
             if call is not None and self.rules.accept(call.name, call.arguments):
                 out.append(ToolCall(uuid.uuid4().hex[:24], name, json.dumps(call.arguments, ensure_ascii=False)))
                 self.calls += 1
@@ -95,6 +102,10 @@ class HarmonyReader(CallReader):
                 self.calls += 1
             # else a call of a tool not on offer (a built-in one, python or the browser): left out
         self._header, self._recipient, self._channel, self._arguments = "", None, "", ""
+
+    def _call(self, name: str, arguments: str) -> Optional[Call]:
+        """The call a message to the tool ``name`` makes; None if its text is not one."""
+        return named_call(name, arguments.strip() or "{}")
 
 
 class _Harmony(CallFormat):
@@ -114,4 +125,51 @@ FORMAT = _Harmony(
     between="<|start|>assistant<|channel|>commentary to=functions.",
     reads_reasoning=True,
     tags=("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>", "<|start|>"),
+)
+
+
+# Muse Glimmer: Harmony's frame without channels. ``<|start|>assistant to=self<|message|>`` is its reasoning,
+# ``to=user`` its answer, ``to=x`` a call of x, whose text is an ATEM block; ``<|eom|>`` ends a message (another
+# follows), ``<|eot|>`` the turn. The prompt ends with the first ``<|start|>assistant``.
+_ATEM = re.compile(r'\s*<atem:function_calls>\s*<atem:invoke name="([^"]+)">(.*?)</atem:invoke>\s*</atem:function_calls>\s*\Z',
+                   re.DOTALL)
+_ATEM_PARAMETER = re.compile(r'\s*<atem:parameter name="([^"]+)">(.*?)</atem:parameter>', re.DOTALL)
+
+
+class MuseReader(HarmonyReader):
+    ends = ("<|eom|>", "<|eot|>")
+    thinking_recipient = "self"
+
+    def _call(self, name: str, arguments: str) -> Optional[Call]:
+        block = _ATEM.match(arguments)
+        if block is None or block.group(1) != name:
+            return None
+        properties = (self.rules.schemas.get(name) or {}).get("properties") or {}
+        found, at, body = {}, 0, block.group(2)
+        for parameter in _ATEM_PARAMETER.finditer(body):
+            if parameter.start() != at:
+                return None
+            found[parameter.group(1)] = text_value(parameter.group(2), properties.get(parameter.group(1)))
+            at = parameter.end()
+        return Call(name, found) if not body[at:].strip() else None
+
+
+class _Muse(CallFormat):
+    def reader(self, rules: ToolCallRules) -> CallReader:
+        return MuseReader(rules)
+
+
+MUSE = _Muse(
+    name="muse-atem",
+    markers=("<atem:function_calls>", "to=self"),
+    opens=(" to=",),
+    close=None,
+    parse=lambda body, schemas: None,  # MuseReader reads the messages
+    start=" to=",
+    head=lambda name: f'{name}<|message|><atem:function_calls>\n<atem:invoke name="{name}">\n',
+    tail="</atem:invoke>\n</atem:function_calls>",
+    between="<|eom|><|start|>assistant to=",
+    xml=XmlArguments(lambda key, _kind: f'<atem:parameter name="{key}">', "</atem:parameter>\n"),
+    reads_reasoning=True,
+    tags=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"),
 )

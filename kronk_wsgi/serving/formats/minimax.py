@@ -4,7 +4,7 @@
 import re
 from typing import Any, Optional
 
-from .base import Call, CallFormat, Schemas, XmlArguments, xml_value
+from .base import Call, CallFormat, Schemas, XmlArguments, allows_text, xml_value
 
 _INVOKE = re.compile(r'\s*<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
 _PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
@@ -56,21 +56,10 @@ def _m3_elements(text: str) -> Optional[list[tuple[str, str]]]:
     return elements if not text[at:].strip() else None
 
 
-def _allows_text(schema: Any) -> bool:
-    """Whether a schema takes a string: its type, or one of its ``anyOf`` or ``oneOf`` choices."""
-    if not isinstance(schema, dict):
-        return False
-    kinds = schema.get("type")
-    if kinds == "string" or (isinstance(kinds, list) and "string" in kinds):
-        return True
-    return any(_allows_text(choice) for key in ("anyOf", "oneOf") if isinstance(schema.get(key), list)
-               for choice in schema[key])
-
-
 def _m3_value(text: str, schema: Any) -> Any:
     """A parameter's value: a string's text as it is; an array of ``<item>`` elements or an object of elements
     read as such; any other text as JSON, else as a string."""
-    if _allows_text(schema):  # even where the text looks like elements, as llama.cpp reads it
+    if allows_text(schema):  # even where the text looks like elements, as llama.cpp reads it
         return text
     elements = _m3_elements(text) if text.lstrip().startswith(("<", SEPARATOR)) else None
     if not elements:

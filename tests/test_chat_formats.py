@@ -31,10 +31,11 @@ TOOLS = {name: {"type": "function", "function": tool} for name, tool in DATA["to
 
 
 # What the server does not read as llama.cpp does yet, by case (template without .jinja, and line).
-NOT_YET = {
-    "inclusionai-ling-3.0-flash:4716": "reasoning_format none is not taken: the thinking its prompt opened is "
-                                       "reasoning here, where llama.cpp leaves it in the answer",
-}
+NOT_YET = dict.fromkeys(
+    ["Qwen3.5-4B:2156", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16:2704", "Cohere2MoE:2883", "google-gemma-4-31B-it:3011",
+     "openai-gpt-oss-120b:6458"],
+    "reasoning_format none: llama.cpp writes the thinking's markup back into the answer (the opening tag the prompt "
+    "wrote, Harmony's analysis frame); here the answer is the reply's text, its format's markers left out")
 
 
 def case_id(case: dict) -> str:
@@ -50,7 +51,7 @@ def read(template: ChatTemplate, case: dict, size: int) -> dict:
     """What the reply reads as, fed in pieces of ``size`` characters."""
     tools = [TOOLS[name] for name in case["tools"]]
     rendered = template.render([{"role": "user", "content": "Hey there!"}], tools or None, case["enable_thinking"])
-    reading = reply_reading(template, rendered.text)
+    reading = reply_reading(template, rendered.text, case["reasoning_format"] not in (None, "none"))
     if tools:
         rules = ToolCallRules(call_format(template), lambda name, arguments: True,
                               {t["function"]["name"]: t["function"]["parameters"] for t in tools})

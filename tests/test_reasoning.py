@@ -95,6 +95,15 @@ def test_thinking_switched_off_leaves_only_an_answer(thinker):
     assert message["content"] == "Paris." and "reasoning_content" not in message
 
 
+def test_reasoning_format_none_leaves_the_thinking_in_the_answer(thinker):
+    thinker.say("<think>Easy.</think>\nParis.")
+    body = {"model": "writes", "messages": ASK, "reasoning_format": "none"}
+    message = thinker.post("/v1/chat/completions", body).json()["choices"][0]["message"]
+    assert message["content"] == "<think>Easy.</think>\nParis." and "reasoning_content" not in message
+    refused = thinker.post("/v1/chat/completions", {**body, "reasoning_format": "deepseek-legacy"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "reasoning_format"
+
+
 def test_anthropic_thinking_blocks(thinker):
     thinker.say("Capital of France.</think>Paris.")
     client = anthropic.Anthropic(base_url=thinker.url, api_key="unused")

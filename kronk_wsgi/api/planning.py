@@ -105,6 +105,7 @@ class GenerationRequest:
     reply_format: Optional[ReplyFormat] = None
     thinking: Optional[bool] = None
     thinking_budget: Optional[int] = None
+    reasoning_apart: bool = True  # the thinking is read apart from the answer; else it stays in its text
     # Variables the chat template reads (chat_template_kwargs, reasoning_effort), as the client named them.
     template_vars: Optional[Mapping[str, Any]] = None
     sampling: SamplingParams = SamplingParams()
@@ -196,7 +197,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         rendered = render_chat(model, request.messages, request.tools.tools if request.tools else None,
                                request.thinking, request.continue_final, request.template_vars)
         texts = [rendered]
-        reading = reply_reading(model.template, rendered.text)
+        reading = reply_reading(model.template, rendered.text, request.reasoning_apart)
         if request.calls_tools:
             reading, grammar_text, grammar_after = _tool_reading(model, request.tools, reading)
     if request.reply_format is not None:
@@ -350,14 +351,14 @@ def render_chat(
         raise invalid(str(exc), param="chat_template_kwargs" if exc.variables else "messages") from None
 
 
-def reply_reading(template: ChatTemplate, prompt: str) -> ReplyReading:
-    """How a reply to the rendered ``prompt`` is read before tools count: its thinking told apart from its answer,
-    and the markers its format puts around answers left out (by the format's reader, which no call gets past
-    without tools)."""
+def reply_reading(template: ChatTemplate, prompt: str, reasoning_apart: bool = True) -> ReplyReading:
+    """How a reply to the rendered ``prompt`` is read before tools count: its thinking told apart from its answer
+    (unless not ``reasoning_apart``: thinking tags stay in the text), and the markers its format puts around
+    answers left out (by the format's reader, which no call gets past without tools)."""
     form = call_format(template)
     reads = form.reads_reasoning or form.frames_replies or form.drops
     rules = ToolCallRules(form, lambda name, arguments: False) if reads else None
-    reasoning = None if form.reads_reasoning else reasoning_of(template.source)
+    reasoning = None if form.reads_reasoning or not reasoning_apart else reasoning_of(template.source)
     return ReplyReading(tool_rules=rules, reasoning=reasoning,
                         inside_thinking=reasoning is not None and opens_thinking(prompt, reasoning))
 

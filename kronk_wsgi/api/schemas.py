@@ -408,6 +408,9 @@ class ChatCompletionRequest(SamplingFields):
     # llama-server's and vLLM's extensions, which clients written for them send
     grammar: Optional[str] = None  # GBNF
     json_schema: Optional[dict[str, Any]] = None
+    # "none": the thinking stays in the answer's text, as the model wrote it; "auto" and "deepseek" (the default):
+    # it is read apart, into reasoning_content
+    reasoning_format: Optional[Literal["none", "auto", "deepseek"]] = None
     continue_final_message: bool = False
     add_generation_prompt: bool = True
 
@@ -442,6 +445,7 @@ class ChatCompletionRequest(SamplingFields):
             tools=self._tool_use(), reply_format=self._reply_format(),
             continue_final=self.continue_final_message or not self.add_generation_prompt,
             thinking=self._thinking(), template_vars=template_variables(self.reasoning_effort, self.chat_template_kwargs),
+            reasoning_apart=self.reasoning_format != "none",
             sampling=self.sampling(), stop=self.stop_sequences(),
             max_tokens=self.max_completion_tokens or self.max_tokens,
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",

@@ -84,7 +84,7 @@ def test_tokens_round_trip_byte_exact(tokenizer, text):
 def test_special_tokens_as_the_file_says(tokenizer, template):
     assert not tokenizer.add_bos  # add_bos_token = false
     assert tokenizer.end_ids == {0, 2}  # <|endoftext|> and <|im_end|> (= EOS)
-    assert template.closing_token() == "<|im_end|>"
+    assert template.closing_text() == "<|im_end|>" and "<|im_end|>" in tokenizer.control
     assert tokenizer.prompt("<|im_start|>user\nHi")[:1] == [tokenizer.control["<|im_start|>"]]
     assert tokenizer.prompt("<|im_start|>user\nHi", specials=False)[0] != tokenizer.control["<|im_start|>"]
 

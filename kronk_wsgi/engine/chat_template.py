@@ -398,12 +398,6 @@ class ChatTemplate:
             raise ChatTemplateError("this chat template drops a final assistant message: it cannot be continued")
         return head + final["content"]
 
-    def closing_token(self) -> Optional[str]:
-        """The control token this template closes an assistant turn with (such as ``<|im_end|>``), if any."""
-        closing = self.closing_text()
-        return closing if closing is not None and self._control is not None and self._control.fullmatch(closing) \
-            else None
-
     def closing_text(self) -> Optional[str]:
         """The marker this template closes an assistant turn with (``<|im_end|>``, ``<end_of_turn>``), if any,
         whether or not the vocabulary has it as a control token."""

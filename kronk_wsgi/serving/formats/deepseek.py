@@ -95,8 +95,9 @@ def _dsml(block: str) -> CallFormat:
         head=lambda name: f'<{DSML}invoke name="{name}">\n',
         tail=f"</{DSML}invoke>\n",
         end=f"</{DSML}{block}>",
-        xml=XmlArguments(lambda key, kind: f'<{DSML}parameter name="{key}" string="{"true" if kind == "string" else "false"}">',
-                         f"</{DSML}parameter>\n"),
+        xml=XmlArguments(
+            lambda key, kind: f'<{DSML}parameter name="{key}" string="{"true" if kind == "string" else "false"}">',
+            f"</{DSML}parameter>\n"),
     )
 
 

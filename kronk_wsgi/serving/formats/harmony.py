@@ -131,8 +131,8 @@ FORMAT = _Harmony(
 # Muse Glimmer: Harmony's frame without channels. ``<|start|>assistant to=self<|message|>`` is its reasoning,
 # ``to=user`` its answer, ``to=x`` a call of x, whose text is an ATEM block; ``<|eom|>`` ends a message (another
 # follows), ``<|eot|>`` the turn. The prompt ends with the first ``<|start|>assistant``.
-_ATEM = re.compile(r'\s*<atem:function_calls>\s*<atem:invoke name="([^"]+)">(.*?)</atem:invoke>\s*</atem:function_calls>\s*\Z',
-                   re.DOTALL)
+_ATEM = re.compile(r'\s*<atem:function_calls>\s*<atem:invoke name="([^"]+)">(.*?)</atem:invoke>\s*'
+                   r'</atem:function_calls>\s*\Z', re.DOTALL)
 _ATEM_PARAMETER = re.compile(r'\s*<atem:parameter name="([^"]+)">(.*?)</atem:parameter>', re.DOTALL)
 
 

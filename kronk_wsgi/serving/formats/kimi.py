@@ -8,7 +8,6 @@ thinking (see serving.reasoning), its ``response``, then its calls in ``tools``,
 of them all.
 """
 
-import json
 import re
 from typing import Any, Optional
 
@@ -57,6 +56,11 @@ def _attribute(text: str) -> str:
     return text.replace("&quot;", '"').replace("&amp;", "&")
 
 
+def _type(kind: str) -> str:
+    """An argument's type attribute, where its JSON type is known."""
+    return f' type="{kind}"' if kind else ""
+
+
 def _k3_value(text: str, schema: Any) -> Any:
     """An argument's value: text as it is for a string parameter (or one whose schema names no type), as
     llama.cpp reads it; another as JSON, else as text."""
@@ -103,8 +107,8 @@ K3 = CallFormat(
     head=lambda name: f'<|open|>call tool="{name}" index="1"<|sep|>',
     tail="<|close|>call<|sep|>",
     end="<|close|>tools<|sep|>",
-    xml=XmlArguments(lambda key, kind: f'<|open|>argument key="{key}"{f" type={json.dumps(kind)}" if kind else ""}<|sep|>',
-                     "<|close|>argument<|sep|>", text=r"([^<]|<[^|])*"),
+    xml=XmlArguments(lambda key, kind: f'<|open|>argument key="{key}"{_type(kind)}<|sep|>', "<|close|>argument<|sep|>",
+                     text=r"([^<]|<[^|])*"),
     drops=("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>", "<|end_of_msg|>"),
     tags=("<|open|>", "<|sep|>", "<|close|>", "<|end_of_msg|>"),
 )

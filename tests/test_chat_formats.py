@@ -3,8 +3,9 @@ chat request can express (tests/data/chat_replies.json, written from it by tests
 run on its real chat template.
 
 A case's template is rendered for a user's turn (with the case's tools and thinking switch), the reply is read
-as the server reads it (the template's format and thinking tags, the prompt's open thinking block) whole and in
-3-character pieces, and the reply's text, reasoning and calls must be llama.cpp's: text and reasoning compared
+as the server reads it (the template's format and thinking tags, the prompt's open thinking block, the case's
+reasoning_format, the reply ending at the turn's closing marker) whole and in 3-character pieces, and the
+reply's text, reasoning and calls must be llama.cpp's: text and reasoning compared
 without the white space at their ends (which the server trims around calls), arguments as JSON values.
 """
 

@@ -3,6 +3,9 @@ and waiting for background responses."""
 
 import http
 import json
+import logging
+import os
+import sys
 import time
 
 import gevent
@@ -77,9 +80,14 @@ class Worker(GeventWorker):
 
     def handle_quit(self, sig, frame) -> None:
         """SIGINT or SIGQUIT: stop now, without the drain. gunicorn's gevent worker would end a greenlet of its
-        own with SystemExit, which gevent reports as a traceback; here the main greenlet gets it."""
+        own with SystemExit, which gevent reports as a traceback; here the main greenlet gets it. Told again while
+        stopping (a terminal's Ctrl-C reaches the worker and the master, which passes it on), the process ends
+        there: the interpreter's exit may still be waiting on the event loop."""
         if self.quitting:
-            return  # the master passes the signal on too
+            logging.shutdown()  # flushes every log handler
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         self.quitting = True
         self._log_cut("worker_stopped")
         self.alive = False

@@ -21,7 +21,7 @@ from pathlib import Path
 # (Jinja templates, metrics and slots always on, one model loaded and kept) or is not taken (GPU layers, LoRA).
 VALUED = {"--temp", "--seed", "--batch-size", "--ubatch-size", "-ctk", "-ctv", "-fa", "--n-gpu-layers", "--pooling",
           "--reasoning-format", "--reasoning", "--grp-attn-n", "--grp-attn-w", "--tags", "--cache-ram",
-          "--sleep-idle-seconds", "--n-predict", "--lora", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
+          "--sleep-idle-seconds", "--lora", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
           "--model-draft", "--mmproj-url", "--media-path", "--models-dir", "--models-max", "--models-preset",
           "--cors-origins", "--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json",
           "--slot-save-path", "--spec-synth-len", "--spec-synth-rates", "--model-url"}
@@ -64,6 +64,8 @@ def main(argv: list[str]) -> None:
     parallel = int(options.get("--parallel", "1"))
     if "--ctx-size" in options and int(options["--ctx-size"]) > 0:
         spec["context_length"] = int(options["--ctx-size"]) // parallel  # llama-server's context is all slots'
+    if int(options.get("--n-predict", "-1")) > 0:
+        spec["max_tokens"] = int(options["--n-predict"])  # a reply's length where its request sets none
     if "--chat-template-file" in options:
         spec["chat_template"] = Path(options["--chat-template-file"]).read_text()
     elif "--chat-template" in options:
@@ -77,8 +79,8 @@ def main(argv: list[str]) -> None:
     if "--threads" in options:
         env["KRONK_THREADS"] = options["--threads"]
     unknown = sorted(set(options) - {"--port", "--host", "--model", "--hf-repo", "--hf-file", "--alias",
-                                     "--parallel", "--ctx-size", "--chat-template", "--chat-template-file",
-                                     "--api-key", "--threads"})
+                                     "--parallel", "--ctx-size", "--n-predict", "--chat-template",
+                                     "--chat-template-file", "--api-key", "--threads"})
     print(f"llama_server_shim: left {left + unknown}", file=sys.stderr, flush=True)
     host = options.get("--host", "127.0.0.1").split(",")[0]
     server = subprocess.Popen([sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind",

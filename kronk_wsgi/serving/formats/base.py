@@ -74,6 +74,9 @@ class CallFormat:
     frames_replies: bool = False  # every reply is framed in its way (its reader reads it, tools or not)
     drops: tuple[str, ...] = ()  # markers around its answers, left out of the text
     tags: tuple[str, ...] = ()  # its markers that a vocabulary may have as control tokens
+    # A reader of its own (a subclass of CallReader), for a format whose replies are framed as messages; None:
+    # CallReader, which reads calls between ``opens`` and ``close`` with ``parse``
+    read_by: Optional[Callable[["ToolCallRules"], "CallReader"]] = None
 
     def recognises(self, template_source: str) -> bool:
         return all(marker in template_source for marker in self.markers)
@@ -112,7 +115,7 @@ class CallFormat:
                 f"signatures:\n{signatures}\n\nTo call a function, write:\n{example}")
 
     def reader(self, rules: "ToolCallRules") -> "CallReader":
-        return CallReader(rules)
+        return (self.read_by or CallReader)(rules)
 
     def grammar(self, tools: list[dict], strict: frozenset[str], control: dict[str, int],
                 name: Optional[str] = None, forced: bool = True, raw_inputs: Optional[dict[str, str]] = None) -> str:

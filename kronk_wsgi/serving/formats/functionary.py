@@ -101,12 +101,7 @@ class _V3_2Reader(CallReader):
             self._text(f"{recipient}\n{body}", out)
 
 
-class _V3_2(CallFormat):
-    def reader(self, rules: ToolCallRules) -> CallReader:
-        return _V3_2Reader(rules)
-
-
-V3_2 = _V3_2(
+V3_2 = CallFormat(
     name="functionary-v3.2",
     markers=(">>>all",),
     opens=(SEND,),
@@ -116,4 +111,5 @@ V3_2 = _V3_2(
     head=lambda name: f"{name}\n",
     between=SEND,
     frames_replies=True,  # the answer's header is left out
+    read_by=_V3_2Reader,
 )

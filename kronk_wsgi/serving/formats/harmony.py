@@ -108,12 +108,7 @@ class HarmonyReader(CallReader):
         return named_call(name, arguments.strip() or "{}")
 
 
-class _Harmony(CallFormat):
-    def reader(self, rules: ToolCallRules) -> CallReader:
-        return HarmonyReader(rules)
-
-
-FORMAT = _Harmony(
+FORMAT = CallFormat(
     name="harmony",
     markers=("<|channel|>", "<|message|>"),
     opens=(" to=functions.",),  # where a call begins to be held to its tool's schema
@@ -125,6 +120,7 @@ FORMAT = _Harmony(
     between="<|start|>assistant<|channel|>commentary to=functions.",
     reads_reasoning=True,
     tags=("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>", "<|start|>"),
+    read_by=HarmonyReader,
 )
 
 
@@ -154,12 +150,7 @@ class MuseReader(HarmonyReader):
         return Call(name, found) if not body[at:].strip() else None
 
 
-class _Muse(CallFormat):
-    def reader(self, rules: ToolCallRules) -> CallReader:
-        return MuseReader(rules)
-
-
-MUSE = _Muse(
+MUSE = CallFormat(
     name="muse-atem",
     markers=("<atem:function_calls>", "to=self"),
     opens=(" to=",),
@@ -172,4 +163,5 @@ MUSE = _Muse(
     xml=XmlArguments(lambda key, _kind: f'<atem:parameter name="{key}">', "</atem:parameter>\n"),
     reads_reasoning=True,
     tags=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"),
+    read_by=MuseReader,
 )

@@ -20,7 +20,7 @@ from kronk_wsgi.engine.chat_template import ChatTemplate
 from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.grammar import Grammar
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
-from kronk_wsgi.serving.events import ReasoningDelta, TextDelta, ToolCall
+from kronk_wsgi.serving.events import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCall, ToolCallStart
 from kronk_wsgi.serving.formats import FORMATS, Call, ToolCallRules, reply_end
 from kronk_wsgi.serving.jobs import ReplyReader
 from kronk_wsgi.testing import fetch_llama_cpp_templates
@@ -62,12 +62,27 @@ def read(template: ChatTemplate, case: dict, size: int) -> dict:
     reply = case["reply"].partition(end)[0] if end else case["reply"]
     pieces = [reply[i:i + size] for i in range(0, len(reply), size)]
     events = [e for piece in pieces for e in reader.feed(piece)] + reader.finish()
+    assert_streamed_calls_add_up(events)
     return {
         "content": "".join(e.text for e in events if isinstance(e, TextDelta)).strip(),
         "reasoning_content": "".join(e.text for e in events if isinstance(e, ReasoningDelta)).strip(),
         "tool_calls": [{"name": e.name, "arguments": json.loads(e.arguments)} for e in events
                        if isinstance(e, ToolCall)],
     }
+
+
+def assert_streamed_calls_add_up(events: list) -> None:
+    """A started call ends, once, and its argument deltas are the start of its arguments."""
+    sent: dict[str, str] = {}
+    for event in events:
+        if isinstance(event, ToolCallStart):
+            assert event.id not in sent
+            sent[event.id] = ""
+        elif isinstance(event, ArgumentsDelta):
+            sent[event.id] += event.text
+        elif isinstance(event, ToolCall) and event.id in sent:
+            assert event.arguments.startswith(sent.pop(event.id))
+    assert not sent, "started calls that never ended"
 
 
 def expected(case: dict) -> dict:

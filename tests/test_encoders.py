@@ -14,7 +14,8 @@ from kronk_wsgi.api.protocols.openai_responses import ResponsesEncoder
 from kronk_wsgi.api.sse import compact_json, compact_json_pieces
 from kronk_wsgi.serving.session import GenerationStats
 from kronk_wsgi.serving.events import (
-    KEEPALIVE, ChoiceEnd, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage, coalesce,
+    KEEPALIVE, ArgumentsDelta, ChoiceEnd, Failed, Finished, Logprobs, PromptCached, ReasoningDelta, TextDelta,
+    TokenLogprob, ToolCall, ToolCallStart, Usage, coalesce,
 )
 
 USAGE = Usage(prompt_tokens=7, completion_tokens=3)
@@ -180,6 +181,47 @@ def test_a_call_cut_off_by_the_limit_is_a_partial_call_in_each_protocol():
     assert message["content"][0]["input"] == {} and message["stop_reason"] == "max_tokens"
     response = ResponsesEncoder({"id": "resp_1", "output": []}).whole([cut, ChoiceEnd("length")], Finished(USAGE))
     assert response["output"][0]["status"] == "incomplete" and response["status"] == "incomplete"
+
+
+# A call as it is written: its start, its arguments in pieces, and its end (the last "}" only in its arguments).
+STREAMED = [ToolCallStart("abc", "get_weather"), ArgumentsDelta("abc", '{"city": '), ArgumentsDelta("abc", '"Paris"'),
+            ToolCall("abc", "get_weather", '{"city": "Paris"}')]
+
+
+def test_a_call_streams_its_arguments_in_each_protocol():
+    events = [TextDelta("Let me see."), *STREAMED, ChoiceEnd("tool_calls"), Finished(USAGE)]
+    chat = [data(f) for f in ChatEncoder("m", "c", 0, include_usage=False).frames(iter(events))]
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chat[:-1] if "tool_calls" in c["choices"][0]["delta"]]
+    assert calls[0] == {"index": 0, "id": "call_abc", "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""}}
+    assert [c["function"]["arguments"] for c in calls[1:]] == ['{"city": ', '"Paris"', "}"]
+
+    frames = list(MessagesEncoder("msg_1", "m", 7).frames(iter([PromptCached(USAGE)] + events)))
+    blocks = [data(f) for f in frames if "content_block" in f]
+    tool = [b for b in blocks if b["index"] == 1]
+    assert tool[0]["content_block"] == {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {}}
+    assert "".join(b["delta"]["partial_json"] for b in tool[1:-1]) == '{"city": "Paris"}' and len(tool) == 5
+    assert tool[-1]["type"] == "content_block_stop"
+
+    response = [data(f) for f in ResponsesEncoder({"id": "resp_1", "output": []}).frames(iter(events))]
+    kinds = [f["type"] for f in response]
+    at = kinds.index("response.function_call_arguments.delta")
+    assert kinds[at - 1] == "response.output_item.added" and response[at - 1]["item"]["arguments"] == ""
+    assert [f["delta"] for f in response if f["type"].endswith("arguments.delta")] == ['{"city": ', '"Paris"', "}"]
+    assert response[-1]["response"]["output"][1]["arguments"] == '{"city": "Paris"}'
+    assert len({f["output_index"] for f in response if "arguments" in f["type"]}) == 1
+
+    lines = [json.loads(line) for line in ollama_encoder().frames(iter(events))]
+    assert [line["message"].get("tool_calls") for line in lines if line["message"].get("tool_calls")] == \
+        [[{"id": "call_abc", "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]]
+
+
+def test_a_custom_tools_input_comes_whole_where_its_call_streams():
+    encoder = ChatEncoder("m", "c", 0, include_usage=False, custom_tools=frozenset({"get_weather"}))
+    chunks = [data(f) for f in encoder.frames(iter([*STREAMED[:3], ToolCall("abc", "get_weather", '{"input": "x"}'),
+                                                     ChoiceEnd("tool_calls"), Finished(USAGE)]))]
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks[:-1] if "tool_calls" in c["choices"][0]["delta"]]
+    assert calls[0]["custom"] == {"name": "get_weather", "input": ""} and calls[1]["custom"] == {"input": "x"}
 
 
 def ollama_encoder(chat: bool = True, logprobs: bool = False) -> OllamaEncoder:

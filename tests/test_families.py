@@ -8,15 +8,17 @@ held there by the format's grammar.
 """
 
 import json
+import time
 
 import anthropic
 import openai
 import pytest
 import requests
 
+from kronk_wsgi.serving.formats import format_of, harmony
 from kronk_wsgi.testing import fetch_llama_cpp_templates, models_config, run_server
 
-from .support.scripted import run_scripted
+from .support.scripted import ENDLESS, run_scripted
 
 SCRIPTED = "tests.support.scripted:KIND"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -182,6 +184,45 @@ def test_a_family_streams_its_reasoning_and_calls_in_every_protocol(families, mo
     reasoning, text, calls, finish = read(families, model)
     assert (reasoning.strip(), text.strip(), calls, finish) == (thought, said, [("get_weather", {"city": "Paris"})],
                                                                  ending)
+
+
+def streams_calls(template: str) -> bool:
+    form = format_of(template)
+    return form.streaming is not None or form is harmony.FORMAT
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_a_familys_call_streams_its_arguments_as_they_are_written(families, templates, model):
+    template, reply, *_ = FAMILIES[model]
+    if not streams_calls((templates / template).read_text(encoding="utf-8")):
+        pytest.skip("this family's calls come whole, at their close")
+    families.say(reply)
+    client = openai.OpenAI(base_url=families.url + "/v1", api_key="unused", max_retries=0)
+    pieces = []
+    for chunk in client.chat.completions.create(model=model, messages=ASK, tools=CHAT_TOOLS, stream=True):
+        for call in (chunk.choices[0].delta.tool_calls or ()) if chunk.choices else ():
+            pieces.append((call.function.name, call.function.arguments))
+    assert pieces[0] == ("get_weather", "") and all(name is None for name, _ in pieces[1:]), pieces
+    assert json.loads("".join(arguments for _, arguments in pieces)) == {"city": "Paris"}
+
+
+def test_a_long_argument_reaches_the_client_as_it_is_written(families):
+    """The script starts a string parameter; then the random model writes on inside it, and would never end
+    the call. A client that has seen the parameter's start goes away: it had it long before the call could end."""
+    families.say("<tool_call>\n<function=get_weather>\n<parameter=city>\nDear Paris," + ENDLESS)
+    client = openai.OpenAI(base_url=families.url + "/v1", api_key="unused", max_retries=0)
+    seen = ""
+    with client.chat.completions.create(model="qwen3-coder", messages=ASK, tools=CHAT_TOOLS, stream=True,
+                                        max_tokens=7000) as stream:
+        for chunk in stream:
+            seen += "".join(c.function.arguments or "" for c in (chunk.choices[0].delta.tool_calls or ()))
+            if "Dear Paris," in seen:
+                break
+    assert seen.startswith('{"city": "Dear Paris,')
+    deadline = time.monotonic() + 60
+    while '"outcome": "client_gone"' not in families.logs():
+        assert time.monotonic() < deadline, "the request was not cut short: the call came whole, at its end"
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from kronk_wsgi.engine.chat_template import ChatTemplate
-from kronk_wsgi.serving.events import TextDelta, ToolCall
-from kronk_wsgi.serving.formats import HERMES, ToolCallRules, format_of, mistral
+from kronk_wsgi.serving.events import ArgumentsDelta, TextDelta, ToolCall, ToolCallStart
+from kronk_wsgi.serving.formats import FORMATS, HERMES, Call, ToolCallRules, format_of, harmony, mistral
 
 MISTRAL = mistral.V3
 
@@ -90,3 +90,68 @@ def test_a_raw_input_call_is_read_for_the_tools_called_so(pieces):
     assert [(e.name, json.loads(e.arguments)) for e in events] == [("sql", {"input": 'SELECT "a"\n  FROM b'})]
     other = '<tool_call>\n{"name": "shell"}\nls\n</tool_call>'  # not a raw-input tool: text, as any bad call
     assert parse(HERMES, [other]) == (other, [], 0)
+
+
+WRITE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"},
+                                                 "mode": {"type": "integer"}}}
+STREAMED = [f for f in FORMATS if f.streaming is not None or f is harmony.FORMAT]
+
+
+def test_the_formats_most_models_write_stream_their_calls():
+    assert {f.name for f in STREAMED} >= {"hermes", "qwen3-coder-xml", "harmony", "mistral-v11", "mistral-v3",
+                                         "llama3-json", "glm-xml", "minimax-xml", "deepseek-v3.1", "kimi-k2"}
+
+
+@pytest.mark.parametrize("form", STREAMED, ids=lambda f: f.name)
+def test_a_call_streams_its_arguments_as_they_are_written(form):
+    content = "line one\n\tline \"two\" \\ with <angles> & more\n" * 20
+    arguments = {"path": "notes/a.txt", "content": content, "mode": 420}
+    schemas = {"write_file": WRITE_SCHEMA}
+    reply = form.written([Call("write_file", arguments)], schemas)
+    reader = form.reader(ToolCallRules(form, lambda name, arguments: True, schemas))
+    middle = reply.index("line one")
+    events, before_half = [], None
+    for at in range(0, len(reply), 3):
+        events += reader.feed(reply[at:at + 3])
+        if before_half is None and at > middle + len(content) // 2:
+            before_half = list(events)
+    events += reader.flush()
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    ends = [e for e in events if isinstance(e, ToolCall)]
+    assert [(s.id, s.name) for s in starts] == [(e.id, e.name) for e in ends] == [(starts[0].id, "write_file")]
+    sent_early = "".join(e.text for e in before_half if isinstance(e, ArgumentsDelta))
+    assert len(sent_early) > len(content) // 2, "the arguments wait for the call's end"
+    sent = "".join(e.text for e in events if isinstance(e, ArgumentsDelta))
+    assert ends[0].arguments.startswith(sent) and json.loads(ends[0].arguments) == arguments
+    assert not [e for e in events if isinstance(e, TextDelta) and e.text.strip()]
+
+
+@pytest.mark.parametrize("form", STREAMED, ids=lambda f: f.name)
+def test_a_call_cut_off_by_the_token_limit_ends_with_what_was_written(form):
+    schemas = {"write_file": WRITE_SCHEMA}
+    reply = form.written([Call("write_file", {"path": "a.txt", "content": "x" * 40})], schemas)
+    cut = reply[:reply.index("x" * 20) + 20]
+    reader = form.reader(ToolCallRules(form, lambda name, arguments: True, schemas))
+    events = [e for at in range(0, len(cut), 3) for e in reader.feed(cut[at:at + 3])] + reader.flush(cut=True)
+    call = next(e for e in events if isinstance(e, ToolCall))
+    assert not call.complete and call.arguments == "".join(e.text for e in events if isinstance(e, ArgumentsDelta))
+    assert '"a.txt"' in call.arguments and "x" * 20 in call.arguments
+
+
+def test_a_call_of_a_tool_not_offered_is_not_started_and_stays_text():
+    schemas = {"write_file": WRITE_SCHEMA}
+    text = '<tool_call>\n{"name": "delete_all", "arguments": {"now": true}}\n</tool_call>'
+    reader = HERMES.reader(ToolCallRules(HERMES, lambda name, arguments: name in schemas, schemas))
+    events = [e for c in text for e in reader.feed(c)] + reader.flush()
+    assert not [e for e in events if not isinstance(e, TextDelta)]
+    assert "".join(e.text for e in events) == text
+
+
+def test_only_as_many_calls_start_as_the_reply_may_make():
+    schemas = {"write_file": WRITE_SCHEMA}
+    one = '{"name": "write_file", "arguments": {"path": "a"}}'
+    text = f"[TOOL_CALLS][{one}, {one}]"
+    reader = MISTRAL.reader(ToolCallRules(MISTRAL, lambda name, arguments: True, schemas, max_calls=1))
+    events = [e for c in text for e in reader.feed(c)]
+    assert len([e for e in events if isinstance(e, ToolCallStart)]) == 1
+    assert [json.loads(e.arguments) for e in events if isinstance(e, ToolCall)] == [{"path": "a"}]

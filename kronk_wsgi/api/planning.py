@@ -387,7 +387,7 @@ def _tool_reading(model: LoadedModel, tools: ToolUse, reading: ReplyReading) -> 
     raw = dict(tools.raw_inputs)
     callable_ = tools.callable()
     rules = ToolCallRules(form, _accept_calls(tools), {t["function"]["name"]: t["function"]["parameters"]
-                                                        for t in callable_}, frozenset(raw))
+                                                        for t in callable_}, frozenset(raw), tools.max_calls)
     if tools.forced:
         # A required call with one tool on offer is a call of that tool: its name is written, not sampled.
         name = tools.name or (callable_[0]["function"]["name"] if len(callable_) == 1 else None)

@@ -24,8 +24,8 @@ from flask import Response
 
 from ..serving import offload
 from ..serving.events import (
-    ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta, TokenIds,
-    TokenLogprob, ToolCall, coalesce,
+    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta,
+    TokenIds, TokenLogprob, ToolCall, ToolCallStart, coalesce,
 )
 from ..serving.session import Session
 from .errors import ApiError
@@ -120,8 +120,17 @@ class Encoder(abc.ABC):
         """The token ids held for a choice, since the last take."""
         return self._held_ids.pop(index, [])
 
+    def call_start(self, event: ToolCallStart) -> Iterator[str]:
+        """Frames for the start of a tool call whose arguments follow; none where the protocol sends calls whole
+        (the ToolCall that ends it has them all)."""
+        return iter(())
+
+    def call_arguments(self, event: ArgumentsDelta) -> Iterator[str]:
+        """Frames for more of a started call's arguments; none where the protocol sends calls whole."""
+        return iter(())
+
     def tool_call(self, event: ToolCall) -> Iterator[str]:
-        """Frames for a tool call (only protocols that take tools get one)."""
+        """Frames for a tool call, or the end of a started one (only protocols that take tools get one)."""
         raise NotImplementedError(f"{type(self).__name__} takes no tools")
 
     @abc.abstractmethod
@@ -157,7 +166,8 @@ class Encoder(abc.ABC):
             yield from self.start()
         writers = {
             TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, TokenIds: self.token_ids,
-            ToolCall: self.tool_call, ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
+            ToolCallStart: self.call_start, ArgumentsDelta: self.call_arguments, ToolCall: self.tool_call,
+            ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
         }
         for event in events:
             if isinstance(event, KeepAlive):

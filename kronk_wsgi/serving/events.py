@@ -71,9 +71,29 @@ class TokenIds:
 
 
 @dataclasses.dataclass(frozen=True)
+class ToolCallStart:
+    """A tool call the model has begun to write, its tool named: its arguments follow as ArgumentsDelta events,
+    then the ToolCall with the same ``id`` ends it."""
+
+    id: str
+    name: str
+    index: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentsDelta:
+    """More of the arguments' JSON text of the started call ``id``."""
+
+    id: str
+    text: str
+    index: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class ToolCall:
     """A tool call parsed out of the generated text; ``arguments`` is a JSON object's text.
 
+    A call that was started (ToolCallStart) ends here; its arguments begin with the deltas sent, in order.
     A call cut off by the token limit is not ``complete``: its arguments are the text written so far.
     """
 
@@ -135,14 +155,14 @@ class Failed:
     message: str
 
 
-Event = (TextDelta | ReasoningDelta | Logprobs | TokenIds | ToolCall | ChoiceEnd | Embedding | KeepAlive | PromptCached
-         | Finished | Failed)
+Event = (TextDelta | ReasoningDelta | Logprobs | TokenIds | ToolCallStart | ArgumentsDelta | ToolCall | ChoiceEnd
+         | Embedding | KeepAlive | PromptCached | Finished | Failed)
 KEEPALIVE = KeepAlive()
 
 
 def coalesce(events: Iterable[Event]) -> list[Event]:
     """Events with each run of one choice's text, token ids and log probabilities merged: the run's TokenIds and
-    Logprobs, then its text."""
+    Logprobs, then its text; and each run of one call's argument deltas merged."""
     out: list[Event] = []
     texts: list[str] = []
     tokens: list[TokenLogprob] = []
@@ -173,6 +193,10 @@ def coalesce(events: Iterable[Event]) -> list[Event]:
                 tokens.extend(event.tokens)
         else:
             end_run()
-            out.append(event)
+            last = out[-1] if out else None
+            if isinstance(event, ArgumentsDelta) and isinstance(last, ArgumentsDelta) and last.id == event.id:
+                out[-1] = dataclasses.replace(last, text=last.text + event.text)
+            else:
+                out.append(event)
     end_run()
     return out

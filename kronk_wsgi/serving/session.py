@@ -18,8 +18,8 @@ from ..metrics import GapCounter, Metrics
 from .channel import ThreadChannel
 from .drain import Drain
 from .events import (
-    KEEPALIVE, ChoiceEnd, Embedding, Event, Failed, Finished, Logprobs, PromptCached, ReasoningDelta, TextDelta,
-    TokenIds, ToolCall, Usage, coalesce,
+    KEEPALIVE, ArgumentsDelta, ChoiceEnd, Embedding, Event, Failed, Finished, Logprobs, PromptCached, ReasoningDelta,
+    TextDelta, TokenIds, ToolCall, ToolCallStart, Usage, coalesce,
 )
 from .jobs import Job
 from .pool import Lease, LoadedModel
@@ -28,7 +28,8 @@ from .scheduler import CLIENT_POLL_SECONDS
 log = structlog.get_logger("kronk_wsgi.session")
 
 # What a job produces before its end (Finished, or an exception).
-OUTPUT = (PromptCached, TextDelta, ReasoningDelta, Logprobs, TokenIds, ToolCall, ChoiceEnd, Embedding)
+OUTPUT = (PromptCached, TextDelta, ReasoningDelta, Logprobs, TokenIds, ToolCallStart, ArgumentsDelta, ToolCall,
+          ChoiceEnd, Embedding)
 
 
 @dataclasses.dataclass
@@ -224,7 +225,7 @@ class Session:
                     scheduler.set_state(slot, "generating")
                     self.stats.time_to_first_token = produced - self.started
                     self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
-                if isinstance(item, (TextDelta, ReasoningDelta)):
+                if isinstance(item, (TextDelta, ReasoningDelta, ArgumentsDelta)):
                     if last_token is not None:
                         self._gaps.observe(produced - last_token)
                     last_token = produced

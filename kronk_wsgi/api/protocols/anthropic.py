@@ -13,7 +13,8 @@ from pydantic import Discriminator, Field, Tag
 
 from ...engine.sampling import SamplingParams
 from ...serving.events import (
-    ChoiceEnd, Event, Failed, Finished, PromptCached, ReasoningDelta, TextDelta, ToolCall, Usage,
+    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, PromptCached, ReasoningDelta, TextDelta, ToolCall,
+    ToolCallStart, Usage,
 )
 from ..body import parse_body
 from ..cache_diagnostics import diagnose
@@ -570,7 +571,8 @@ class MessagesEncoder(Encoder):
             "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(Usage(input_tokens, 0)),
         }
         self.blocks = 0
-        self.open_block: Optional[str] = None  # "text" or "thinking": the block being written
+        self.open_block: Optional[str] = None  # "text", "thinking" or "tool_use": the block being written
+        self.started: dict[str, int] = {}  # a started call's id: how much of its input was sent
         self.thinking: list[str] = []
         self.end = ChoiceEnd("stop")
 
@@ -609,14 +611,31 @@ class MessagesEncoder(Encoder):
         shown = event.text if self.show_thinking else ""
         yield from self._delta("thinking", {"type": "thinking_delta", "thinking": shown})
 
-    def tool_call(self, event: ToolCall) -> Iterator[str]:
+    def call_start(self, event: ToolCallStart) -> Iterator[str]:
         yield from self._close_block()
-        start = {"type": "content_block_start", "index": self.blocks, "content_block": _tool_use(event, {})}
+        start = {"type": "content_block_start", "index": self.blocks,
+                 "content_block": _tool_use(ToolCall(event.id, event.name, ""), {})}
         yield sse(start, "content_block_start")
-        delta = {"type": "input_json_delta", "partial_json": event.arguments}
-        yield sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
-        yield sse({"type": "content_block_stop", "index": self.blocks}, "content_block_stop")
-        self.blocks += 1
+        self.open_block, self.started[event.id] = "tool_use", 0
+
+    def call_arguments(self, event: ArgumentsDelta) -> Iterator[str]:
+        self.started[event.id] += len(event.text)
+        yield self._input(event.text)
+
+    def tool_call(self, event: ToolCall) -> Iterator[str]:
+        sent = self.started.pop(event.id, None)
+        if sent is None:
+            yield from self._close_block()
+            start = {"type": "content_block_start", "index": self.blocks, "content_block": _tool_use(event, {})}
+            yield sse(start, "content_block_start")
+            self.open_block = "tool_use"
+        if event.arguments[sent or 0:] or sent is None:
+            yield self._input(event.arguments[sent or 0:])
+        yield from self._close_block()
+
+    def _input(self, text: str) -> str:
+        delta = {"type": "input_json_delta", "partial_json": text}
+        return sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
 
     def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
         self.end = event

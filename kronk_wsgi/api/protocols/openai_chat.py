@@ -7,7 +7,8 @@ from typing import Iterable, Iterator, Optional
 from flask import Blueprint, jsonify
 
 from ...serving.events import (
-    ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall, Usage,
+    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, TokenLogprob, ToolCall,
+    ToolCallStart, Usage,
 )
 from ...serving.formats import custom_input
 from ..body import parse_body
@@ -129,7 +130,8 @@ class ChatEncoder(OpenAIEncoder):
         self.with_logprobs = logprobs
         self.custom_tools = custom_tools  # the names whose calls are custom tool calls
         self.legacy_functions = legacy_functions  # a call is the message's function_call, as before tools
-        self.calls: dict[int, int] = {}
+        self.calls: dict[int, int] = {}  # how many calls each choice has made
+        self.started: dict[str, list[int]] = {}  # a started call's number and how much of its arguments was sent
 
     def _chunk(self, delta: dict, index: int = 0, finish: Optional[str] = None,
                logprobs: Optional[list[TokenLogprob]] = None) -> str:
@@ -150,19 +152,51 @@ class ChatEncoder(OpenAIEncoder):
     def reasoning(self, event: ReasoningDelta) -> Iterator[str]:
         yield self._chunk({"reasoning_content": event.text}, event.index)
 
+    def call_start(self, event: ToolCallStart) -> Iterator[str]:
+        # A function's call goes out as it is written; a custom tool's input comes whole, at its end.
+        if event.name in self.custom_tools:
+            return
+        self.started[event.id] = [self._number(event.index), 0]
+        if self.legacy_functions:
+            yield self._chunk({"function_call": {"name": event.name, "arguments": ""}}, event.index)
+            return
+        head = _tool_call(ToolCall(event.id, event.name, ""), self.started[event.id][0])
+        yield self._chunk({"tool_calls": [head]}, event.index)
+
+    def call_arguments(self, event: ArgumentsDelta) -> Iterator[str]:
+        started = self.started.get(event.id)
+        if started is not None:
+            started[1] += len(event.text)
+            yield self._arguments(started[0], event.text, event.index)
+
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         # The call's head, then its arguments: clients accumulate the deltas by index.
+        started = self.started.pop(event.id, None)
+        if started is not None:
+            if event.arguments[started[1]:]:
+                yield self._arguments(started[0], event.arguments[started[1]:], event.index)
+            return
         if self.legacy_functions:
             yield self._chunk({"function_call": {"name": event.name, "arguments": ""}}, event.index)
             yield self._chunk({"function_call": {"arguments": event.arguments}}, event.index)
             return
-        number = self.calls.get(event.index, 0)
-        self.calls[event.index] = number + 1
+        number = self._number(event.index)
         call = _tool_call(event, number, event.name in self.custom_tools)
         kind = call["type"]
         body, rest = ("input", call["custom"]["input"]) if kind == "custom" else ("arguments", event.arguments)
         yield self._chunk({"tool_calls": [{**call, kind: {"name": event.name, body: ""}}]}, event.index)
         yield self._chunk({"tool_calls": [{"index": number, kind: {body: rest}}]}, event.index)
+
+    def _number(self, index: int) -> int:
+        """The next call's number in choice ``index``."""
+        number = self.calls.get(index, 0)
+        self.calls[index] = number + 1
+        return number
+
+    def _arguments(self, number: int, text: str, index: int) -> str:
+        delta = {"function_call": {"arguments": text}} if self.legacy_functions else \
+            {"tool_calls": [{"index": number, "function": {"arguments": text}}]}
+        return self._chunk(delta, index)
 
     def choice_end(self, event: ChoiceEnd) -> Iterator[str]:
         rest = self.take_logprobs(event.index)

@@ -16,7 +16,8 @@ from pydantic import Discriminator, Field, Tag
 from ...engine.sampling import SamplingParams
 from ...serving import offload
 from ...serving.events import (
-    ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, Usage,
+    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, ToolCallStart,
+    Usage,
 )
 from ...serving.formats import custom_arguments, custom_input
 from ..background import UNFINISHED, BackgroundRun, resumed
@@ -690,6 +691,7 @@ class ResponsesEncoder(Encoder):
         self.reasoning_id: Optional[str] = None  # the reasoning item being written, if any
         self.thoughts: list[str] = []
         self.listed: list[dict] = []  # log probabilities of the message so far (output text only)
+        self.started: dict[str, int] = {}  # a started call's id: how much of its arguments was sent
         self.end = ChoiceEnd("stop")
 
     def _event(self, kind: str, **fields: Any) -> str:
@@ -754,6 +756,23 @@ class ResponsesEncoder(Encoder):
         self.message_id, self.texts, self.listed = None, [], []
         self.take_logprobs()  # tokens whose text never came out: only output text lists its tokens
 
+    def call_start(self, event: ToolCallStart) -> Iterator[str]:
+        # A function's call goes out as it is written (its item is the next output); a custom tool's input comes
+        # whole, at its end.
+        if event.name in self.custom_tools:
+            return
+        yield from self._close_reasoning()
+        yield from self._close_message("completed")
+        self.started[event.id] = 0
+        added = _call_item(ToolCall(event.id, event.name, ""), "", "in_progress", self.namespaces.get(event.name))
+        yield self._event("response.output_item.added", output_index=len(self.output), item=added)
+
+    def call_arguments(self, event: ArgumentsDelta) -> Iterator[str]:
+        if event.id in self.started:
+            self.started[event.id] += len(event.text)
+            yield self._event("response.function_call_arguments.delta", item_id="fc_" + event.id,
+                              output_index=len(self.output), delta=event.text)
+
     def tool_call(self, event: ToolCall) -> Iterator[str]:
         yield from self._close_reasoning()
         yield from self._close_message("completed")
@@ -762,10 +781,13 @@ class ResponsesEncoder(Encoder):
             yield from self._custom_call(event)
             return
         index, item_id = len(self.output), "fc_" + event.id
-        added = _call_item(event, "", "in_progress", self.namespaces.get(event.name))
-        yield self._event("response.output_item.added", output_index=index, item=added)
-        yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                          delta=event.arguments)
+        sent = self.started.pop(event.id, None)
+        if sent is None:
+            added = _call_item(event, "", "in_progress", self.namespaces.get(event.name))
+            yield self._event("response.output_item.added", output_index=index, item=added)
+        if event.arguments[sent or 0:]:
+            yield self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
+                              delta=event.arguments[sent or 0:])
         yield self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
                           arguments=event.arguments)
         item = _call_item(event, event.arguments, "completed" if event.complete else "incomplete",

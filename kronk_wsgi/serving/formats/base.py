@@ -11,6 +11,11 @@ tool with a Lark grammar) is called in a raw form, which only formats with
 ``raw_inputs`` can delimit (Hermes): ``<tool_call>\\n{"name": "x"}\\n`` then
 the input as it is, then ``\\n</tool_call>``; it is read as arguments
 ``{"input": text}``.
+
+A format with ``streaming`` has its calls followed as they are written: a call
+starts once its tool is named, and its arguments go out piece by piece (as
+JSON text) before the call ends. Calls of the other formats come whole, at
+their close.
 """
 
 import dataclasses
@@ -21,7 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from ...engine.generate import partial_tag
 from ...engine.grammar import lark_grammar, lark_json, lark_string
-from ..events import ReasoningDelta, TextDelta, ToolCall
+from ..events import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCall, ToolCallStart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +57,27 @@ class XmlArguments:
 
 
 @dataclasses.dataclass(frozen=True)
+class Streaming:
+    """How a format's calls are followed as they are written. ``head`` matches a call's start (from the end of
+    the last call, what separates two calls included), its group ``name`` the tool's; its arguments follow: one
+    JSON object or, with ``element``, one element per parameter. ``element`` matches an element's start (group
+    ``key``), ``element_end`` ends its value (``trim``: the newline before it is not part of the value), and
+    ``call_end`` matches the end of the call after its last element (None: the call ends at the format's
+    close)."""
+
+    head: re.Pattern
+    element: Optional[re.Pattern] = None
+    element_end: str = ""
+    trim: bool = False
+    call_end: Optional[re.Pattern] = None
+
+
+# A call as a JSON object of its name and arguments, alone or in a list (``parameters``: Llama 3.x's name)
+JSON_HEAD = re.compile(r'\s*(?:\}\s*[,;]?\s*)?\[?\s*\{\s*"name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*'
+                       r'"(?:arguments|parameters)"\s*:\s*')
+
+
+@dataclasses.dataclass(frozen=True)
 class CallFormat:
     """How one family of models writes tool calls (see the module's docstring)."""
 
@@ -74,6 +100,7 @@ class CallFormat:
     frames_replies: bool = False  # every reply is framed in its way (its reader reads it, tools or not)
     drops: tuple[str, ...] = ()  # markers around its answers, left out of the text
     tags: tuple[str, ...] = ()  # its markers that a vocabulary may have as control tokens
+    streaming: Optional[Streaming] = None  # None: each call comes whole, at its close
     # A reader of its own (a subclass of CallReader), for a format whose replies are framed as messages; None:
     # CallReader, which reads calls between ``opens`` and ``close`` with ``parse``
     read_by: Optional[Callable[["ToolCallRules"], "CallReader"]] = None
@@ -311,10 +338,189 @@ class ToolCallRules:
     accept: Callable[[str, dict], bool]  # (name, arguments)
     schemas: Schemas = dataclasses.field(default_factory=dict)  # the tools' parameters, by name
     raw_inputs: frozenset[str] = frozenset()  # the tools called in the raw form
+    max_calls: Optional[int] = None  # how many calls the reply may make; None: any
 
 
-Event = Union[TextDelta, ReasoningDelta, ToolCall]
-_PARTIAL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+Event = Union[TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta, ToolCall]
+
+
+class JsonObjectText:
+    """A JSON object's text as it is written, from its ``{``: what of it is new, and whether it has ended."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.ended = False
+        self._depth = 0
+        self._string = False
+        self._escaped = False
+
+    def read(self, body: str, at: int) -> tuple[int, str]:
+        """Reads ``body`` from ``at`` to the object's end, or the body's: where reading stopped, and the
+        object's new text."""
+        start = at
+        while at < len(body) and not self.ended:
+            char = body[at]
+            if self._string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._string = False
+            elif char == '"':
+                self._string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                self.ended = self._depth == 0
+            at += 1
+        new = body[start:at]
+        self.text += new
+        return at, new
+
+    def closed(self) -> Optional[str]:
+        """Its whole text, once the object has ended."""
+        return self.text if self.ended else None
+
+
+class ElementArguments:
+    """Arguments written one element per parameter (see Streaming), as they are written: read into the JSON
+    text of their object. A string parameter's text goes out as it comes; another value once its element
+    ends."""
+
+    def __init__(self, stream: Streaming, properties: Mapping[str, Any]) -> None:
+        self.stream = stream
+        self.properties = properties
+        self.text = ""
+        self.ended = False
+        self._key: Optional[str] = None  # the parameter whose value is being read
+
+    def read(self, body: str, at: int) -> tuple[int, str]:
+        new: list[str] = []
+        stream = self.stream
+        while not self.ended:
+            if self._key is None:
+                end = stream.call_end.match(body, at) if stream.call_end else None
+                if end is not None:
+                    new.append("}" if self.text or new else "{}")
+                    self.ended, at = True, end.end()
+                    break
+                element = stream.element.match(body, at)
+                if element is None or element.end() == len(body):
+                    break
+                self._key = element.group("key").strip()
+                opening = ", " if self.text or new else "{"
+                new.append(opening + json.dumps(self._key, ensure_ascii=False) + ": " + ('"' if self._string() else ""))
+                at = element.end()
+                continue
+            end = body.find(stream.element_end, at)
+            if end < 0:
+                if self._string():  # its text so far, but what may be the start of the value's end
+                    held = partial_tag(body[at:], (("\n" if stream.trim else "") + stream.element_end,))
+                    new.append(json.dumps(body[at:len(body) - held], ensure_ascii=False)[1:-1])
+                    at = len(body) - held
+                break
+            value = body[at:end]
+            if stream.trim:
+                value = value.removesuffix("\n")
+            if self._string():
+                new.append(json.dumps(value, ensure_ascii=False)[1:-1] + '"')
+            else:
+                new.append(json.dumps(xml_value(value, self.properties.get(self._key)), ensure_ascii=False))
+            self._key, at = None, end + len(stream.element_end)
+        text = "".join(new)
+        self.text += text
+        return at, text
+
+    def closed(self) -> Optional[str]:
+        """Its whole text, with the object closed where no value is left open."""
+        if self.ended:
+            return self.text
+        return None if self._key is not None else self.text + ("}" if self.text else "{}")
+
+    def _string(self) -> bool:
+        return _is_text(self.properties.get(self._key))
+
+
+class CallStream:
+    """The calls of a held text followed as they are written (the format's ``streaming``): each call's start
+    once its tool is named (one the request offers, in JSON form), its arguments as they come, and its end
+    once its arguments end. What it cannot follow is left for the text's close."""
+
+    def __init__(self, stream: Streaming, rules: ToolCallRules, room: Optional[int]) -> None:
+        self.stream = stream
+        self.rules = rules
+        self.room = room  # how many calls may still start; None: any
+        self.started = 0
+        self._at = 0
+        self._stopped = False
+        self._call: Optional[tuple[str, str, Union[JsonObjectText, ElementArguments]]] = None  # id, name, arguments
+
+    def read(self, body: str) -> list[Event]:
+        """The events of ``body`` (the text held so far, growing) since the last read."""
+        out: list[Event] = []
+        while not self._stopped:
+            if self._call is None:
+                if self.room is not None and self.started >= self.room:
+                    break
+                head = self.stream.head.match(body, self._at)
+                if head is None or head.end() == len(body):
+                    break
+                name = head.group("name").strip()
+                json_arguments = self.stream.element is None
+                if json_arguments and body[head.end()] != "{":
+                    break  # not yet an object (or never: the call is read whole at the close)
+                if name not in self.rules.schemas or name in self.rules.raw_inputs:
+                    self._stopped = True  # not a call to stream: it and any after it are read at the close
+                    break
+                properties = self.rules.schemas[name].get("properties") or {}
+                arguments = JsonObjectText() if json_arguments else ElementArguments(self.stream, properties)
+                self._call = (uuid.uuid4().hex[:24], name, arguments)
+                self.started += 1
+                self._at = head.end()
+                out.append(ToolCallStart(self._call[0], name))
+            call_id, name, arguments = self._call
+            self._at, new = arguments.read(body, self._at)
+            if new:
+                out.append(ArgumentsDelta(call_id, new))
+            if not arguments.ended:
+                break
+            out.append(ended_call(call_id, name, arguments))
+            self._call = None
+        return out
+
+    def close(self, calls: Optional[list[Call]], cut: bool) -> list[Event]:
+        """The end of the text: the end of a call still open (``calls``: the text read whole, None if it
+        does not parse; ``cut``: by the token limit)."""
+        if self._call is None:
+            return []
+        call_id, name, arguments = self._call
+        self._call = None
+        read = calls[self.started - 1] if calls is not None and len(calls) >= self.started else None
+        return [ended_call(call_id, name, arguments, read if read is not None and read.name == name else None, cut)]
+
+
+def ended_call(call_id: str, name: str, arguments: Union[JsonObjectText, ElementArguments],
+               read: Optional[Call] = None, cut: bool = False) -> ToolCall:
+    """The end of a started call: its arguments' whole text (its text read whole, where that goes on from the
+    text sent), or the text sent, not ``complete``, where they never ended."""
+    whole = arguments.closed()
+    if read is not None and (whole is None or _value(whole) != read.arguments):
+        text = json.dumps(read.arguments, ensure_ascii=False)
+        whole = text if text.startswith(arguments.text) else whole
+    if whole is None or cut and not arguments.ended or not isinstance(_value(whole), dict):
+        return ToolCall(call_id, name, arguments.text, complete=False)
+    return ToolCall(call_id, name, whole)
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 
 
 class CallReader:
@@ -335,6 +541,7 @@ class CallReader:
         self._first = rules.format.reply_json  # still at the reply's start, where a JSON object is a call
         self._after_call = False
         self._space = ""  # trailing whitespace, held until text follows (not a call)
+        self._stream: Optional[CallStream] = None  # the calls being followed as they are written
 
     def feed(self, text: str) -> list[Event]:
         self._pending += text
@@ -368,10 +575,12 @@ class CallReader:
                 self._pending = self._pending[at + len(opening) - keep:]
                 self._opened = opening
             elif close is None or self._opened == "{":
+                self._follow(self._pending, out)
                 return out  # the calls run to the end of the text
             else:
                 end = self._pending.find(close)
                 if end < 0:
+                    self._follow(self._pending, out)
                     return out
                 body, self._pending = self._pending[:end], self._pending[end + len(close):]
                 self._read(body, self._raw(body) + close, out)
@@ -379,16 +588,14 @@ class CallReader:
 
     def flush(self, cut: bool = False) -> list[Event]:
         """What is held back when the text ends: calls that run to the end are read; a call ``cut`` off by the
-        token limit is a partial call if it has named one of the tools, as OpenAI returns it (Hermes' JSON)."""
+        token limit ends as a partial call if it had started (its tool named), as OpenAI returns it."""
         out: list[Event] = []
         pending, self._pending = self._pending, ""
         if self._opened is None:
             self._text(pending, out)
-        elif self.format.close is None or self._opened == "{" or (self.format.unclosed and not cut):
-            self._read(pending, self._raw(pending), out)
-        elif cut and (partial := _partial_call(pending, self.rules.schemas)) is not None:
-            out.append(partial)
-            self.calls += 1
+        elif self.format.close is None or self._opened == "{" or (self.format.unclosed and not cut) or \
+                self._stream is not None and self._stream.started:
+            self._read(pending, self._raw(pending), out, cut)
         else:
             self._text(self._raw(pending), out)
         self._opened = None
@@ -401,8 +608,31 @@ class CallReader:
         """The reply's text of what the opening opened."""
         return ("" if self._opened in self.format.kept or self._opened == "{" else self._opened) + body
 
-    def _read(self, body: str, raw: str, out: list) -> None:
+    def _follow(self, body: str, out: list) -> None:
+        """The calls' starts and argument deltas written since the last look at the held ``body``."""
+        if self.format.streaming is None:
+            return
+        if self._stream is None:
+            room = None if self.rules.max_calls is None else self.rules.max_calls - self.calls
+            self._stream = CallStream(self.format.streaming, self.rules, room)
+        self._calls(self._stream.read(body), out)
+
+    def _calls(self, events: list[Event], out: list) -> None:
+        out.extend(events)
+        self.calls += sum(isinstance(e, ToolCall) for e in events)
+        if events:
+            self._after_call = True
+            self._space = ""
+
+    def _read(self, body: str, raw: str, out: list, cut: bool = False) -> None:
+        self._follow(body, out)
+        stream, self._stream = self._stream, None
         calls = self.format.parse(body.strip(), self.rules.schemas)
+        if stream is not None and stream.started:  # those it started end, the rest come whole
+            rest = [c for c in (calls or [])[stream.started:] if self.rules.accept(c.name, c.arguments)]
+            self._calls(stream.close(calls, cut) + [ToolCall(uuid.uuid4().hex[:24], c.name, json.dumps(
+                c.arguments, ensure_ascii=False)) for c in rest], out)
+            return
         found = None
         if calls is not None and all(self.rules.accept(c.name, c.arguments) for c in calls):
             found = [ToolCall(uuid.uuid4().hex[:24], c.name, json.dumps(c.arguments, ensure_ascii=False))
@@ -413,10 +643,7 @@ class CallReader:
         if found is None:
             self._text(raw, out)
             return
-        out.extend(found)
-        self.calls += len(found)
-        self._after_call = True
-        self._space = ""
+        self._calls(found, out)
 
     def _raw_call(self, body: str) -> Optional[ToolCall]:
         """A raw-input call (its head line, then its input), if the body is one of a tool called so."""
@@ -443,10 +670,3 @@ class CallReader:
         if body:
             out.append(TextDelta(body))
 
-
-def _partial_call(body: str, schemas: Schemas) -> Optional[ToolCall]:
-    """A call cut off in its JSON arguments, if it has named one of the tools."""
-    head = _PARTIAL_HEAD.match(body)
-    if head is None or head.group(1) not in schemas:
-        return None
-    return ToolCall(uuid.uuid4().hex[:24], head.group(1), body[head.end():].rstrip(), complete=False)

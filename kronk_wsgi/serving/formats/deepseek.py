@@ -7,7 +7,7 @@ import json
 import re
 from typing import Optional
 
-from .base import Call, CallFormat, Schemas, XmlArguments, named_call
+from .base import Call, CallFormat, Schemas, Streaming, XmlArguments, named_call
 
 BEGIN, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
@@ -42,6 +42,8 @@ R1 = CallFormat(
     tail=f"\n```{CALL_END}",
     end=END,
     tags=_TAGS,
+    streaming=Streaming(re.compile(
+        rf"\s*(?:```\s*{CALL_END}\s*)?{CALL_BEGIN}function{SEP}(?P<name>[^\n]+?)\s*\n```(?:json)?\s*")),
 )
 
 V3_1 = CallFormat(
@@ -55,6 +57,7 @@ V3_1 = CallFormat(
     tail=CALL_END,
     end=END,
     tags=_TAGS,
+    streaming=Streaming(re.compile(rf"\s*(?:{CALL_END}\s*)?{CALL_BEGIN}(?P<name>[^<]+?){SEP}\s*")),
 )
 
 

@@ -5,12 +5,13 @@ then its text: to ``all`` it is the answer; to a tool, a call with its arguments
 """
 
 import json
+import re
 import uuid
 from typing import Optional
 
 from ...engine.generate import partial_tag
 from ..events import TextDelta, ToolCall
-from .base import Call, CallFormat, CallReader, Event, Schemas, ToolCallRules, named_call
+from .base import Call, CallFormat, CallReader, Event, Schemas, Streaming, ToolCallRules, named_call
 
 
 def _calls(body: str, _schemas: Schemas) -> Optional[list[Call]]:
@@ -35,6 +36,7 @@ V3_1 = CallFormat(
     head=lambda name: f"{name}>",
     between="</function><function=",
     end="</function>",
+    streaming=Streaming(re.compile(r"\s*(?P<name>[^>\n]+)>\s*")),
 )
 
 

@@ -4,7 +4,7 @@
 import re
 from typing import Optional
 
-from .base import Call, CallFormat, Schemas, XmlArguments, xml_value
+from .base import Call, CallFormat, Schemas, Streaming, XmlArguments, xml_value
 
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
@@ -38,4 +38,6 @@ FORMAT = CallFormat(
     end="</tool_call>",
     xml=XmlArguments(lambda key, _kind: f"<arg_key>{key}</arg_key>\n<arg_value>", "</arg_value>\n"),
     tags=("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+    streaming=Streaming(re.compile(r"\s*(?P<name>[^\s<]+)\s*(?=<arg_key>)"),
+                        re.compile(r"\s*<arg_key>(?P<key>[^<]*)</arg_key>\s*<arg_value>"), "</arg_value>"),
 )

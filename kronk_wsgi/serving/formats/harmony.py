@@ -16,8 +16,9 @@ import uuid
 from typing import Optional
 
 from ...engine.generate import partial_tag
-from ..events import ReasoningDelta, TextDelta, ToolCall
-from .base import Call, CallFormat, CallReader, Event, ToolCallRules, XmlArguments, named_call, text_value
+from ..events import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCall, ToolCallStart
+from .base import Call, CallFormat, CallReader, Event, JsonObjectText, ToolCallRules, XmlArguments, ended_call, \
+    named_call, text_value
 
 MESSAGE, ENDS, START = "<|message|>", ("<|end|>", "<|call|>", "<|return|>"), "<|start|>"
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -30,6 +31,7 @@ class HarmonyReader(CallReader):
 
     ends = ENDS  # what ends a message
     thinking_recipient = ""  # a recipient whose messages are reasoning, if the format has one
+    streams_calls = True  # a call's message is its arguments' JSON, which goes out as it is written
 
     def __init__(self, rules: ToolCallRules) -> None:
         super().__init__(rules)
@@ -37,6 +39,8 @@ class HarmonyReader(CallReader):
         self._channel = ""
         self._recipient: Optional[str] = None
         self._arguments = ""
+        self._streamed: Optional[tuple[str, JsonObjectText, int]] = None  # a started call: its id, arguments, read
+        self._streams = False  # whether the message's call is one to start once its JSON begins
 
     def feed(self, text: str) -> list[Event]:
         self._pending += text
@@ -54,6 +58,7 @@ class HarmonyReader(CallReader):
                 if self._recipient is not None and self._recipient == self.thinking_recipient:
                     self._channel, self._recipient = "analysis", None
                 self._header, self._arguments = None, ""
+                self._streams = self._may_stream()
                 continue
             found = [(at, end) for end in self.ends + (START,) if (at := self._pending.find(end)) >= 0]
             if not found:
@@ -79,18 +84,43 @@ class HarmonyReader(CallReader):
         self._space = ""
         return out
 
+    def _may_stream(self) -> bool:
+        """Whether the message's call starts once its JSON begins: its header names one of the tools (as many as
+        the reply may make)."""
+        name = self._recipient
+        room = self.rules.max_calls is None or self.calls < self.rules.max_calls
+        return self.streams_calls and name in self.rules.schemas and name not in self.rules.raw_inputs and room
+
     def _content(self, text: str, out: list) -> None:
         if not text:
             return
         if self._recipient is not None:
             self._arguments += text
+            begun = self._arguments.lstrip()
+            if self._streams and begun:
+                self._streams = False
+                if begun.startswith("{"):
+                    self._streamed = (uuid.uuid4().hex[:24], JsonObjectText(), len(self._arguments) - len(begun))
+                    out.append(ToolCallStart(self._streamed[0], self._recipient))
+                    self._after_call, self._space = True, ""
+            if self._streamed is not None:
+                call_id, arguments, at = self._streamed
+                at, new = arguments.read(self._arguments, at)
+                self._streamed = (call_id, arguments, at)
+                if new:
+                    out.append(ArgumentsDelta(call_id, new))
         elif self._channel == "analysis":
             out.append(ReasoningDelta(text))
         else:
             self._text(text, out)
 
     def _end_message(self, out: list, cut: bool = False) -> None:
-        if self._recipient is not None:
+        streamed, self._streamed, self._streams = self._streamed, None, False
+        if streamed is not None:
+            out.append(ended_call(streamed[0], self._recipient, streamed[1],
+                                  self._call(self._recipient, self._arguments), cut))
+            self.calls += 1
+        elif self._recipient is not None:
             name, arguments = self._recipient, self._arguments
             call = self._call(name, arguments)
             if call is not None and self.rules.accept(call.name, call.arguments):
@@ -135,6 +165,7 @@ _ATEM_PARAMETER = re.compile(r'\s*<atem:parameter name="([^"]+)">(.*?)</atem:par
 class MuseReader(HarmonyReader):
     ends = ("<|eom|>", "<|eot|>")
     thinking_recipient = "self"
+    streams_calls = False  # its calls are ATEM blocks: each comes whole
 
     def _call(self, name: str, arguments: str) -> Optional[Call]:
         block = _ATEM.match(arguments)

@@ -3,7 +3,7 @@ and 3, Hermes 2 and 3, Granite 4, SmolLM3, and the built-in ChatML template)."""
 
 import json
 
-from .base import CallFormat, json_calls
+from .base import JSON_HEAD, CallFormat, Streaming, json_calls
 
 FORMAT = CallFormat(
     name="hermes",
@@ -18,4 +18,5 @@ FORMAT = CallFormat(
     end="\n</tool_call>",
     raw_inputs=True,
     tags=("<tool_call>", "</tool_call>"),
+    streaming=Streaming(JSON_HEAD),
 )

@@ -10,9 +10,10 @@ in a code block after ``Action:``; GigaChat 3, a JSON call after ``function call
 """
 
 import json
+import re
 from typing import Optional
 
-from .base import Call, CallFormat, Schemas, json_calls, named_call
+from .base import JSON_HEAD, Call, CallFormat, Schemas, Streaming, json_calls, named_call
 
 
 def _name_arguments(name: str) -> str:
@@ -59,6 +60,7 @@ NEMOTRON = CallFormat(
     between=", ",
     end="]</TOOLCALL>",
     tags=("<TOOLCALL>", "</TOOLCALL>"),
+    streaming=Streaming(JSON_HEAD),
 )
 
 GRANITE = CallFormat(
@@ -73,6 +75,7 @@ GRANITE = CallFormat(
     between=", ",
     end="]",
     tags=("<|tool_call|>",),
+    streaming=Streaming(JSON_HEAD),
 )
 
 FIREFUNCTION = CallFormat(
@@ -86,6 +89,7 @@ FIREFUNCTION = CallFormat(
     tail="}",
     between=", ",
     end="]",
+    streaming=Streaming(JSON_HEAD),
 )
 
 APERTUS = CallFormat(
@@ -100,6 +104,7 @@ APERTUS = CallFormat(
     between=", ",
     end="]<|tools_suffix|>",
     tags=("<|tools_prefix|>", "<|tools_suffix|>"),
+    streaming=Streaming(re.compile(r'\s*(?:\}\s*,\s*)?\[?\s*\{\s*"(?P<name>[^"\\]+)"\s*:\s*')),
 )
 
 COMMAND_R7B = CallFormat(
@@ -116,6 +121,8 @@ COMMAND_R7B = CallFormat(
     drops=("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>"),
     tags=("<|START_ACTION|>", "<|END_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>",
           "<|END_TEXT|>"),
+    streaming=Streaming(re.compile(r'\s*(?:\}\s*,\s*)?\[?\s*\{\s*"tool_call_id"\s*:\s*"[^"]*"\s*,\s*'
+                                   r'"tool_name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*"parameters"\s*:\s*')),
 )
 
 def _command_r_plus_calls(body: str, schemas: Schemas) -> Optional[list[Call]]:
@@ -160,6 +167,7 @@ TOOL_CALLS = CallFormat(
     tail="}",
     between=", ",
     end="]</tool_calls>",
+    streaming=Streaming(JSON_HEAD),
 )
 
 GIGACHAT = CallFormat(
@@ -173,4 +181,5 @@ GIGACHAT = CallFormat(
     tail="}",
     drops=("<|message_sep|>",),
     tags=("<|role_sep|>", "<|message_sep|>", "<|function_call|>"),
+    streaming=Streaming(JSON_HEAD),
 )

@@ -11,7 +11,7 @@ of them all.
 import re
 from typing import Any, Optional
 
-from .base import Call, CallFormat, Schemas, XmlArguments, named_call, xml_value
+from .base import Call, CallFormat, Schemas, Streaming, XmlArguments, named_call, xml_value
 
 BEGIN, END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 _CALL = re.compile(r"\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+?)(?::\d+)?\s*"
@@ -42,6 +42,8 @@ FORMAT = CallFormat(
     end=END,
     unclosed=True,
     tags=(BEGIN, END, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
+    streaming=Streaming(re.compile(r"\s*(?:<\|tool_call_end\|>\s*)?<\|tool_call_begin\|>\s*(?:functions\.)?"
+                                   r"(?P<name>[^\s:<]+?)(?::\d+)?\s*<\|tool_call_argument_begin\|>\s*")),
 )
 
 

@@ -3,7 +3,7 @@ the JSON after ``<|python_tag|>``."""
 
 import json
 
-from .base import CallFormat, json_calls
+from .base import JSON_HEAD, CallFormat, Streaming, json_calls
 
 FORMAT = CallFormat(
     name="llama3-json",
@@ -17,4 +17,5 @@ FORMAT = CallFormat(
     between="; ",
     reply_json=True,
     tags=("<|python_tag|>",),
+    streaming=Streaming(JSON_HEAD),
 )

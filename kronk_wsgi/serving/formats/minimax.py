@@ -4,7 +4,7 @@
 import re
 from typing import Any, Optional
 
-from .base import Call, CallFormat, Schemas, XmlArguments, allows_text, xml_value
+from .base import Call, CallFormat, Schemas, Streaming, XmlArguments, allows_text, xml_value
 
 _INVOKE = re.compile(r'\s*<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
 _PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
@@ -34,6 +34,9 @@ FORMAT = CallFormat(
     end="</minimax:tool_call>",
     xml=XmlArguments(lambda key, _kind: f'<parameter name="{key}">', "</parameter>\n"),
     tags=("<minimax:tool_call>", "</minimax:tool_call>"),
+    streaming=Streaming(re.compile(r'\s*<invoke name="(?P<name>[^"]+)">'),
+                        re.compile(r'\s*<parameter name="(?P<key>[^"]+)">'), "</parameter>",
+                        call_end=re.compile(r"\s*</invoke>")),
 )
 
 

@@ -6,9 +6,9 @@ import json
 import re
 from typing import Optional
 
-from .base import Call, CallFormat, Schemas, json_calls, named_call
+from .base import JSON_HEAD, Call, CallFormat, Schemas, Streaming, json_calls, named_call
 
-_CALL = re.compile(r"\s*([^\[\]\s]+)\s*(?:\[CALL_ID\][^\[]*)?\[ARGS\]")
+_CALL = re.compile(r"\s*(?P<name>[^\[\]\s]+)\s*(?:\[CALL_ID\][^\[]*)?\[ARGS\]")
 
 
 def _named_calls(body: str, _schemas: Schemas) -> Optional[list[Call]]:
@@ -42,6 +42,7 @@ V3 = CallFormat(
     between=", ",
     end="]",
     tags=("[TOOL_CALLS]",),
+    streaming=Streaming(JSON_HEAD),
 )
 
 V11 = CallFormat(
@@ -54,4 +55,5 @@ V11 = CallFormat(
     head=lambda name: f"{name}[ARGS]",
     between="[TOOL_CALLS]",
     tags=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    streaming=Streaming(re.compile(r"\s*(?:\[TOOL_CALLS\])?" + _CALL.pattern + r"\s*")),
 )

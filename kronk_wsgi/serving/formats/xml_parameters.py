@@ -5,12 +5,13 @@ the same inside ``<seed:tool_call>``. A string parameter's value is its text, an
 import re
 from typing import Optional
 
-from .base import Call, CallFormat, Schemas, XmlArguments, xml_value
+from .base import Call, CallFormat, Schemas, Streaming, XmlArguments, xml_value
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 # Qwen3-Coder puts its values on lines of their own; Seed-OSS writes them as they are.
 _LINED = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 _INLINE = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+_FUNCTION_END = re.compile(r"\s*</function>")
 
 
 def _calls(body: str, schemas: Schemas, parameter: re.Pattern = _LINED) -> Optional[list[Call]]:
@@ -42,6 +43,9 @@ QWEN3_CODER = CallFormat(
     end="</tool_call>",
     xml=XmlArguments(lambda key, _kind: f"<parameter={key}>\n", "\n</parameter>\n"),
     tags=("<tool_call>", "</tool_call>"),
+    streaming=Streaming(re.compile(r"\s*(?:</tool_call>\s*<tool_call>\s*)?<function=(?P<name>[^>\n]+)>\n?"),
+                        re.compile(r"\s*<parameter=(?P<key>[^>\n]+)>\n?"), "</parameter>", trim=True,
+                        call_end=_FUNCTION_END),
 )
 
 SEED_OSS = CallFormat(
@@ -57,4 +61,7 @@ SEED_OSS = CallFormat(
     end="</seed:tool_call>",
     xml=XmlArguments(lambda key, _kind: f"<parameter={key}>", "</parameter>\n"),
     tags=("<seed:tool_call>", "</seed:tool_call>"),
+    streaming=Streaming(
+        re.compile(r"\s*(?:</seed:tool_call>\s*<seed:tool_call>\s*)?<function=(?P<name>[^>\n]+)>\n?"),
+        re.compile(r"\s*<parameter=(?P<key>[^>\n]+)>"), "</parameter>", call_end=_FUNCTION_END),
 )

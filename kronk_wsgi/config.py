@@ -32,13 +32,13 @@ class ConfigError(ValueError):
 class Speculative(BaseModel):
     """Speculative decoding of a model's replies: drafts found by n-gram lookup in the prompt and the reply, each
     checked in one decode call (engines that can: llama.cpp). ``n_max``: the longest draft; ``n_min``: the
-    shortest worth checking."""
+    shortest, checked wherever a match offers that many whether it pays or not (0: as long as pays, or none)."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["ngram"] = "ngram"
     n_max: int = Field(64, ge=1, le=64)
-    n_min: int = Field(1, ge=1, le=64)
+    n_min: int = Field(0, ge=0, le=64)
 
 
 class ModelSpec(BaseModel):

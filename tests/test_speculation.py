@@ -18,7 +18,7 @@ from kronk_wsgi.engine.demo_model import write_demo_model
 from kronk_wsgi.engine.generate import DecodeOptions, Generation
 from kronk_wsgi.engine.grammar import Grammar, json_schema_grammar
 from kronk_wsgi.engine.sampling import SamplingParams
-from kronk_wsgi.engine.speculation import FIRST_LENGTH, NgramDrafter, Speculation
+from kronk_wsgi.engine.speculation import DraftCosts, NgramDrafter, Speculation
 from kronk_wsgi.testing import metric, run_server
 
 if not llamacpp_engine.available():
@@ -34,36 +34,58 @@ PROMPTS = {
 }
 
 
+def costs(single: float, **calls: float) -> DraftCosts:
+    """Costs measured on a slot: a call of one row, and calls of ``rows_N`` rows."""
+    measured = DraftCosts()
+    measured.record(1, single)
+    for rows, seconds in calls.items():
+        measured.record(int(rows.removeprefix("rows_")), seconds)
+    return measured
+
+
+FREE_ROWS = costs(0.01, rows_2=0.01)  # rows beyond the first cost nothing: any draft pays
+
+
 def test_drafts_follow_the_earlier_occurrence_that_matches_longest():
     line = [50, 51, 52, 53, 54, 55, 56]  # a line of a file; its last three tokens recur in another line
     other = [90, 91, 92, 93, 94, 55, 56]
-    drafter = NgramDrafter([40, 41, *line, 60, 61, 62, *other, 70, 71, 72, 40, 41, *line[:6]])
+    drafter = NgramDrafter([40, 41, *line, 60, 61, 62, *other, 70, 71, 72, 40, 41, *line[:6]], FREE_ROWS)
     assert drafter.draft(3) == [56, 60, 61]  # the line goes on as it did
     drafter.add(56)
     # (54, 55, 56) follows the first line and, later, the other one: the first matches the text's end longer
     assert drafter.draft(3) == [60, 61, 62]
-    drafter.length = 2
-    assert drafter.draft(10) == [60, 61]  # no longer than the length the last drafts earned
 
 
 def test_a_short_match_is_no_draft():
-    drafter = NgramDrafter([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    drafter = NgramDrafter([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], FREE_ROWS)
     for token in (30, 31, 32, 33, 5, 6, 7):  # shares (5, 6, 7) with the start, and only that
         drafter.add(token)
     assert drafter.draft(8) == []
-    drafter = NgramDrafter([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+    drafter = NgramDrafter([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], FREE_ROWS)
     for token in range(1, 9):  # the text's end matches its start for eight tokens
         drafter.add(token)
     assert drafter.draft(8) == [9, 10, 11, 12, 1, 2, 3, 4]
 
 
-def test_a_draft_taken_whole_earns_a_longer_one():
-    drafter = NgramDrafter([])
-    assert drafter.length == FIRST_LENGTH
-    drafter.checked(FIRST_LENGTH, FIRST_LENGTH)
-    assert drafter.length == 2 * FIRST_LENGTH
-    drafter.checked(8, 3)
-    assert drafter.length == 4
+def test_a_draft_is_as_long_as_pays_by_what_rows_cost_and_how_drafts_went():
+    # Calls of 1 to 32 rows as measured at 2,700 tokens of context (2 cores): Gemma 3's rows cost 0.4-0.7 of a
+    # token each, SmolLM2's 0.65-1.3
+    gemma = costs(0.016, rows_2=0.0272, rows_4=0.0384, rows_8=0.0576, rows_16=0.1056, rows_32=0.192)
+    smollm2 = costs(0.017, rows_2=0.0391, rows_4=0.0578, rows_8=0.1054, rows_16=0.1989, rows_32=0.3689)
+    assert gemma.relative(8) == pytest.approx(3.6) and gemma.relative(12) > gemma.relative(8)
+    assert gemma.relative(64) == pytest.approx(1 + 63 * (0.192 - 0.016) / 31 / 0.016)  # as the largest measured
+    assert costs(0.016, rows_8=0.0576).relative(2) == pytest.approx(1 + (0.0576 - 0.016) / 7 / 0.016)
+    copying, straying = NgramDrafter([], gemma), NgramDrafter([], gemma)
+    for _ in range(20):
+        copying.checked(16, 16)
+        straying.checked(4, 1)
+    assert copying.paying_length(64) >= 16 and straying.paying_length(64) == 0
+    assert 0 < NgramDrafter([], gemma).paying_length(64) < 16  # a first draft, at a rate of 3 in 4 taken
+    smollm2_copying = NgramDrafter([], smollm2)
+    for _ in range(20):
+        smollm2_copying.checked(16, 16)
+    assert smollm2_copying.paying_length(64) > 16  # only long drafts taken whole pay on SmolLM2
+    assert NgramDrafter([], smollm2).paying_length(64) == 0
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +107,7 @@ def reply(engine, prompt: str, speculation=None, slot=0, **options):
     return "".join(generation), generation
 
 
-SPECULATION = Speculation()
+SPECULATION = Speculation(n_min=2)  # drafts wherever a match offers them: these tests check what drafts change
 GREEDY = SamplingParams(temperature=0)
 
 
@@ -115,7 +137,7 @@ def test_drafts_never_taken_change_nothing_and_are_cut_from_the_cache(engine, mo
     banned = engine.tokenizer.encode(" five")[0]
     sampling = SamplingParams(temperature=0, logit_bias=((banned, float("-inf")),))
     plain, _ = reply(engine, PROMPTS["chat"], sampling=sampling, max_tokens=40)
-    monkeypatch.setattr(NgramDrafter, "draft", lambda self, limit: [banned] * min(limit, 3))
+    monkeypatch.setattr(NgramDrafter, "draft", lambda self, limit, least: [banned] * min(limit, 3))
     drafted, generation = reply(engine, PROMPTS["chat"], SPECULATION, sampling=sampling, max_tokens=40)
     assert drafted == plain
     assert generation.drafting.drafts >= 30 and generation.drafting.accepted == 0
@@ -151,7 +173,7 @@ def server(smollm2, tmp_path_factory):
     that replies decoded beside others can be compared), both with speculation on, two slots each."""
     folder = tmp_path_factory.mktemp("speculative")
     demo = write_demo_model(folder / "demo.gguf", "tiny", architecture="qwen2")
-    models = {name: {"path": str(path), "engine": "llama.cpp", "context_length": 512, "speculative": {"n_max": 16}}
+    models = {name: {"path": str(path), "engine": "llama.cpp", "context_length": 512, "speculative": {"n_max": 16, "n_min": 2}}
               for name, path in (("smollm2", smollm2), ("demo", demo))}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 2}
     with run_server(folder, env) as server:

@@ -241,7 +241,8 @@ def _speculation(model: LoadedModel, request: GenerationRequest) -> Optional[Spe
         raise invalid(f"speculative decoding: the {model.engine.kind.name} engine cannot check drafts",
                       param="speculative.n_max" if request.draft_max is not None else "speculative.n_min")
     default = model.speculation or Speculation()
-    return Speculation(request.draft_max or default.n_max, request.draft_min or default.n_min)
+    longest = request.draft_max or default.n_max
+    return Speculation(longest, min(longest, default.n_min if request.draft_min is None else request.draft_min))
 
 
 def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[Prompt, RenderedPrompt],

@@ -6,6 +6,7 @@ yields text deltas and leaves counts and the finish reason on itself.
 
 import codecs
 import dataclasses
+import time
 from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -176,12 +177,11 @@ class Generation:
         return len(self.prompt) + self.completion_tokens - 1
 
     def _draft(self, drafter: NgramDrafter, speculation: Speculation) -> list[int]:
-        """A draft to check after the last token picked: no longer than the reply or the context has room for, and
-        none if shorter than ``n_min``."""
+        """A draft to check after the last token picked: no longer than the reply or the context has room for."""
         room = min(speculation.n_max, self.options.max_tokens - self.completion_tokens,
                    self.context_length - self._evaluated - 1)
-        draft = drafter.draft(room) if room > 0 else []
-        if not draft or len(draft) < speculation.n_min:
+        draft = drafter.draft(room, speculation.n_min) if room > 0 else []
+        if not draft:
             return []
         self.drafting.drafts += 1
         self.drafting.drafted += len(draft)
@@ -229,7 +229,7 @@ class Generation:
             return token
 
         speculation = options.speculation
-        drafter = NgramDrafter(self.prompt) if speculation else None
+        drafter = NgramDrafter(self.prompt, slot.draft_costs) if speculation else None
         draft: list[int] = []  # drafted tokens in the cache, after the token before them
         rows: Optional[np.ndarray] = None  # the logits after that token and after each drafted one
         checked = 0  # drafted tokens taken so far
@@ -244,9 +244,14 @@ class Generation:
                 if rows is None and drafter is not None:
                     draft = self._draft(drafter, speculation)
                     if draft:
+                        started = time.perf_counter()
                         rows, checked = slot.decode_each([previous, *draft]), 0
+                        drafter.costs.record(len(draft) + 1, time.perf_counter() - started)
                 if rows is None:
+                    started = time.perf_counter()
                     token = slot.decode([previous], pick)
+                    if drafter is not None:
+                        drafter.costs.record(1, time.perf_counter() - started)
                 else:
                     token = pick(rows[checked])
                     if checked < len(draft) and token == draft[checked]:

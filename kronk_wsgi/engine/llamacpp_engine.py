@@ -22,6 +22,7 @@ from gevent import monkey
 
 from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, EngineKind, EngineOptions, Fit, Pick, Slot
 from .gguf_file import is_gguf, read_gguf
+from .speculation import DraftCosts
 from .tokenizer import GGUFTokenizer
 
 try:
@@ -424,6 +425,7 @@ class LlamaCppSlot(Slot):
         self._embedding: Optional[np.ndarray] = None
         self._cancelled: Optional[Callable[[], bool]] = None  # the prefill's, while one runs
         self.sliding_window = bool(engine._n_swa)
+        self.draft_costs = DraftCosts()  # what its calls cost, by rows: how long its drafts should be
 
     @property
     def prefill_chunk(self) -> int:

@@ -5,16 +5,52 @@ where the reply's last tokens occurred, the one that shares the longest run of t
 taken, and what followed it there is proposed. A reply that quotes or rewrites what the prompt holds (a file with
 one change, a JSON document transformed, code quoted back) takes most of it; the longest match, not the latest,
 finds the right line of a file whose lines look alike.
+
+How much of it is drafted is a bet: checking k drafted tokens costs a call of k + 1 rows, which on a CPU costs a
+good part of decoding k + 1 tokens one by one, and pays only for the tokens taken. The drafter takes the length
+with the most tokens expected per unit of cost: tokens are expected taken one after another with the reply's rate
+so far, and a call's cost is what calls of that size have cost on the slot (DraftCosts). Where no length pays (a
+model whose rows cost nearly a token each, a reply that strays from what it could copy), nothing is drafted.
 """
 
+import collections
 import dataclasses
-from typing import Sequence
+import statistics
+from typing import Optional, Sequence
 
 KEY = 3  # tokens an earlier occurrence is looked up by
 MIN_MATCH = 8  # tokens an occurrence must share with the text's end to be drafted from: shorter matches mislead
 LONGEST = 64  # how far back a match is measured
 CANDIDATES = 64  # the latest occurrences of the key compared
-FIRST_LENGTH = 8  # a draft's length at first; it doubles while drafts are taken whole, and shrinks to what was taken
+ROW_COST = 0.5  # what a call's row beyond the first costs, as a share of a call of one row, until measured
+TAKEN, MISSED = 3, 1  # drafted tokens counted as taken and missed before a reply has any: a rate of 0.75
+MEASURES = 7  # the latest measures of a call size whose median is its cost (a machine's hiccups stand out)
+EXPLORE = 16  # every so many drafts that do not pay, one is checked anyway: costs are measured again
+
+
+class DraftCosts:
+    """What decode calls cost on one slot, measured as they run: the median of the latest calls of one row, and of
+    each row beyond the first in calls of 2-3, 4-7, 8-15, ... rows, as a share of the first. A size not measured
+    yet is taken to cost a row what the nearest measured size does (the next smaller one first), or ROW_COST."""
+
+    def __init__(self) -> None:
+        self._single: collections.deque[float] = collections.deque(maxlen=MEASURES)  # seconds
+        self._per_row: dict[int, collections.deque[float]] = {}  # by the rows' bit length: shares of one row
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows == 1:
+            self._single.append(seconds)
+        elif self._single:
+            single = statistics.median(self._single)
+            share = max(0.0, seconds - single) / (rows - 1) / single
+            self._per_row.setdefault(rows.bit_length(), collections.deque(maxlen=MEASURES)).append(share)
+
+    def relative(self, rows: int, measured: bool = True) -> float:
+        """What a call of ``rows`` costs, as calls of one row (not ``measured``: as priced before any measure)."""
+        size = rows.bit_length()
+        nearest = min(self._per_row, key=lambda known: (known > size, abs(known - size)), default=None)
+        share = statistics.median(self._per_row[nearest]) if nearest is not None and measured else ROW_COST
+        return 1 + share * (rows - 1)
 
 
 @dataclasses.dataclass
@@ -45,18 +81,21 @@ class Drafting:
 
 @dataclasses.dataclass(frozen=True)
 class Speculation:
-    """How a reply is drafted: at most ``n_max`` tokens a step; a draft of fewer than ``n_min`` is not checked."""
+    """How a reply is drafted: at most ``n_max`` tokens a step, as many as pay; at least ``n_min`` wherever a match
+    offers that many, paying or not (llama-server drafts without weighing costs), and never fewer."""
 
     n_max: int = 64
-    n_min: int = 1
+    n_min: int = 0
 
 
 class NgramDrafter:
     """Drafts from the earlier occurrence of the text's end that matches it longest, among ``tokens`` and those
-    added since."""
+    added since, as much of what followed it as pays by ``costs``."""
 
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self.length = FIRST_LENGTH  # how long the next draft may be
+    def __init__(self, tokens: Sequence[int], costs: Optional[DraftCosts] = None) -> None:
+        self.costs = costs or DraftCosts()
+        self._taken, self._missed = TAKEN, MISSED  # drafted tokens taken, and drafts not taken whole
+        self._declined = 0  # drafts found that did not pay
         self._tokens: list[int] = []
         self._seen: dict[tuple[int, ...], list[int]] = {}  # each key's occurrences, by where their continuation starts
         for token in tokens:
@@ -71,13 +110,36 @@ class NgramDrafter:
             self._seen.setdefault(tuple(tokens[end - KEY:end]), []).append(end)
 
     def checked(self, drafted: int, taken: int) -> None:
-        """How the last draft went: a draft taken whole is followed by one twice as long, another by one a token
-        longer than what was taken (checking a token costs a good part of decoding one)."""
-        self.length = self.length * 2 if taken == drafted else taken + 1
+        """How the last draft went: of ``drafted`` tokens, the first ``taken`` were taken."""
+        self._taken += taken
+        self._missed += taken < drafted
 
-    def draft(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens (and the length the last drafts earned) that followed the best match of the text's
-        end: none if no earlier occurrence shares MIN_MATCH tokens with it."""
+    def paying_length(self, available: int) -> int:
+        """How many of ``available`` drafted tokens to check: the length with the most tokens expected per unit of
+        cost (a token is taken with the rate so far, if the one before it was), 0 if none beats decoding one. Every
+        EXPLORE-th time none does, the length that would pay at the costs assumed before any measure: a size
+        measured once at a bad moment is measured again."""
+        best = self._best(available, measured=True)
+        if not best:
+            self._declined += 1
+            if self._declined % EXPLORE == 0:
+                return self._best(available, measured=False)
+        return best
+
+    def _best(self, available: int, measured: bool) -> int:
+        rate = self._taken / (self._taken + self._missed)
+        best, value, expected, chance = 0, 1.0, 0.0, 1.0
+        for length in range(1, available + 1):
+            chance *= rate
+            expected += chance
+            tokens_per_cost = (1 + expected) / self.costs.relative(length + 1, measured)
+            if tokens_per_cost > value:
+                best, value = length, tokens_per_cost
+        return best
+
+    def draft(self, limit: int, least: int = 0) -> list[int]:
+        """Up to ``limit`` tokens that followed the best match of the text's end, as many as pay and at least
+        ``least``: none if no earlier occurrence shares MIN_MATCH tokens with it, or fewer follow it."""
         tokens = self._tokens
         size = len(tokens)
         found = self._seen.get(tuple(tokens[-KEY:])) if size > KEY else None
@@ -90,6 +152,7 @@ class NgramDrafter:
                 best, longest = start, shared
                 if longest == LONGEST:
                     break
-        if longest < MIN_MATCH:
+        following = tokens[best:best + limit]
+        if longest < MIN_MATCH or len(following) < max(least, 1):
             return []
-        return tokens[best:best + min(limit, self.length)]
+        return following[:max(least, self.paying_length(len(following)))]

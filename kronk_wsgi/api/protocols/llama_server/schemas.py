@@ -153,7 +153,7 @@ class CompletionBody(Sampling):
     # Speculative decoding: the longest draft (0: none) and the shortest worth checking; unless given, the
     # model's setting.
     speculative_n_max: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(None, alias="speculative.n_max")
-    speculative_n_min: Optional[Annotated[int, Field(ge=1, le=64)]] = Field(None, alias="speculative.n_min")
+    speculative_n_min: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(None, alias="speculative.n_min")
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionBody":

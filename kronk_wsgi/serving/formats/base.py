@@ -61,7 +61,8 @@ class Streaming:
     """How a format's calls are followed as they are written. ``head`` matches a call's start (from the end of
     the last call, what separates two calls included), its group ``name`` the tool's; its arguments follow: one
     JSON object or, with ``element``, one element per parameter. ``element`` matches an element's start (group
-    ``key``), ``element_end`` ends its value (``trim``: the newline before it is not part of the value), and
+    ``key``; group ``string``, where the element says whether its value is a string's text: "false" if not; else
+    the schema says), ``element_end`` ends its value (``trim``: the newline before it is not part of the value), and
     ``call_end`` matches the end of the call after its last element (None: the call ends at the format's
     close)."""
 
@@ -395,6 +396,7 @@ class ElementArguments:
         self.text = ""
         self.ended = False
         self._key: Optional[str] = None  # the parameter whose value is being read
+        self._said: Optional[str] = None  # what its element says of it being a string, if it says
 
     def read(self, body: str, at: int) -> tuple[int, str]:
         new: list[str] = []
@@ -409,7 +411,7 @@ class ElementArguments:
                 element = stream.element.match(body, at)
                 if element is None or element.end() == len(body):
                     break
-                self._key = element.group("key").strip()
+                self._key, self._said = element.group("key").strip(), element.groupdict().get("string")
                 opening = ", " if self.text or new else "{"
                 new.append(opening + json.dumps(self._key, ensure_ascii=False) + ": " + ('"' if self._string() else ""))
                 at = element.end()
@@ -427,7 +429,8 @@ class ElementArguments:
             if self._string():
                 new.append(json.dumps(value, ensure_ascii=False)[1:-1] + '"')
             else:
-                new.append(json.dumps(xml_value(value, self.properties.get(self._key)), ensure_ascii=False))
+                new.append(json.dumps(xml_value(value, None if self._said else self.properties.get(self._key)),
+                                      ensure_ascii=False))
             self._key, at = None, end + len(stream.element_end)
         text = "".join(new)
         self.text += text
@@ -440,7 +443,7 @@ class ElementArguments:
         return None if self._key is not None else self.text + ("}" if self.text else "{}")
 
     def _string(self) -> bool:
-        return _is_text(self.properties.get(self._key))
+        return self._said != "false" if self._said is not None else _is_text(self.properties.get(self._key))
 
 
 class CallStream:

@@ -101,6 +101,10 @@ def _dsml(block: str) -> CallFormat:
         xml=XmlArguments(
             lambda key, kind: f'<{DSML}parameter name="{key}" string="{"true" if kind == "string" else "false"}">',
             f"</{DSML}parameter>\n"),
+        streaming=Streaming(
+            re.compile(rf'\s*<{DSML}invoke name="(?P<name>[^"]+)">'),
+            re.compile(rf'\s*<{DSML}parameter name="(?P<key>[^"]+)"(?: string="(?P<string>true|false)")?>'),
+            f"</{DSML}parameter>", call_end=re.compile(rf"\s*</{DSML}invoke>")),
     )
 
 

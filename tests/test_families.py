@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-from kronk_wsgi.serving.formats import format_of, harmony
+from kronk_wsgi.serving.formats import format_of
 from kronk_wsgi.testing import fetch_llama_cpp_templates, models_config, run_server
 
 from .support.scripted import ENDLESS, run_scripted
@@ -186,15 +186,10 @@ def test_a_family_streams_its_reasoning_and_calls_in_every_protocol(families, mo
                                                                  ending)
 
 
-def streams_calls(template: str) -> bool:
-    form = format_of(template)
-    return form.streaming is not None or form is harmony.FORMAT
-
-
 @pytest.mark.parametrize("model", FAMILIES)
 def test_a_familys_call_streams_its_arguments_as_they_are_written(families, templates, model):
     template, reply, *_ = FAMILIES[model]
-    if not streams_calls((templates / template).read_text(encoding="utf-8")):
+    if not format_of((templates / template).read_text(encoding="utf-8")).streams_calls:
         pytest.skip("this family's calls come whole, at their close")
     families.say(reply)
     client = openai.OpenAI(base_url=families.url + "/v1", api_key="unused", max_retries=0)

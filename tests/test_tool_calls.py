@@ -6,7 +6,7 @@ import pytest
 
 from kronk_wsgi.engine.chat_template import ChatTemplate
 from kronk_wsgi.serving.events import ArgumentsDelta, TextDelta, ToolCall, ToolCallStart
-from kronk_wsgi.serving.formats import FORMATS, HERMES, Call, ToolCallRules, format_of, harmony, mistral
+from kronk_wsgi.serving.formats import FORMATS, HERMES, Call, ToolCallRules, format_of, mistral
 
 MISTRAL = mistral.V3
 
@@ -94,12 +94,13 @@ def test_a_raw_input_call_is_read_for_the_tools_called_so(pieces):
 
 WRITE_SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"},
                                                  "mode": {"type": "integer"}}}
-STREAMED = [f for f in FORMATS if f.streaming is not None or f is harmony.FORMAT]
+STREAMED = [f for f in FORMATS if f.streams_calls]
 
 
 def test_the_formats_most_models_write_stream_their_calls():
     assert {f.name for f in STREAMED} >= {"hermes", "qwen3-coder-xml", "harmony", "mistral-v11", "mistral-v3",
-                                         "llama3-json", "glm-xml", "minimax-xml", "deepseek-v3.1", "kimi-k2"}
+                                         "llama3-json", "glm-xml", "minimax-xml", "deepseek-v3.1", "kimi-k2",
+                                         "functionary-v3.2", "deepseek-dsml-tool-calls"}
 
 
 @pytest.mark.parametrize("form", STREAMED, ids=lambda f: f.name)

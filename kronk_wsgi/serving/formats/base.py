@@ -106,6 +106,11 @@ class CallFormat:
     # CallReader, which reads calls between ``opens`` and ``close`` with ``parse``
     read_by: Optional[Callable[["ToolCallRules"], "CallReader"]] = None
 
+    @property
+    def streams_calls(self) -> bool:
+        """Whether its calls go out as they are written (by ``streaming``, or by its own reader)."""
+        return self.streaming is not None or getattr(self.read_by, "streams_calls", False)
+
     def recognises(self, template_source: str) -> bool:
         return all(marker in template_source for marker in self.markers)
 
@@ -504,6 +509,35 @@ class CallStream:
         return [ended_call(call_id, name, arguments, read if read is not None and read.name == name else None, cut)]
 
 
+class MessageCall:
+    """A call whose message is its arguments' JSON (Harmony, Functionary v3.2): it starts once the JSON begins,
+    and its arguments follow as they are written."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.id: Optional[str] = None  # None: not started
+        self.arguments = JsonObjectText()
+        self._at = 0
+
+    def read(self, message: str) -> list[Event]:
+        """The events of the ``message`` so far (growing) since the last read."""
+        out: list[Event] = []
+        if self.id is None:
+            begun = message.lstrip()
+            if not begun.startswith("{"):
+                return out
+            self.id, self._at = uuid.uuid4().hex[:24], len(message) - len(begun)
+            out.append(ToolCallStart(self.id, self.name))
+        self._at, new = self.arguments.read(message, self._at)
+        if new:
+            out.append(ArgumentsDelta(self.id, new))
+        return out
+
+    def end(self, read: Optional[Call], cut: bool) -> ToolCall:
+        """The end of the started call (``read``: the message read whole, None if it does not parse)."""
+        return ended_call(self.id, self.name, self.arguments, read, cut)
+
+
 def ended_call(call_id: str, name: str, arguments: Union[JsonObjectText, ElementArguments],
                read: Optional[Call] = None, cut: bool = False) -> ToolCall:
     """The end of a started call: its arguments' whole text (its text read whole, where that goes on from the
@@ -619,6 +653,12 @@ class CallReader:
             room = None if self.rules.max_calls is None else self.rules.max_calls - self.calls
             self._stream = CallStream(self.format.streaming, self.rules, room)
         self._calls(self._stream.read(body), out)
+
+    def may_start(self, name: Optional[str]) -> bool:
+        """Whether a call of ``name`` may start as it is written: a tool on offer, in JSON form, within the number
+        of calls the reply may make."""
+        room = self.rules.max_calls is None or self.calls < self.rules.max_calls
+        return name in self.rules.schemas and name not in self.rules.raw_inputs and room
 
     def _calls(self, events: list[Event], out: list) -> None:
         out.extend(events)

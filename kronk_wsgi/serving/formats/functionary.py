@@ -11,7 +11,7 @@ from typing import Optional
 
 from ...engine.generate import partial_tag
 from ..events import TextDelta, ToolCall
-from .base import Call, CallFormat, CallReader, Event, Schemas, Streaming, ToolCallRules, named_call
+from .base import Call, CallFormat, CallReader, Event, MessageCall, Schemas, Streaming, ToolCallRules, named_call
 
 
 def _calls(body: str, _schemas: Schemas) -> Optional[list[Call]]:
@@ -44,12 +44,15 @@ SEND, ALL = ">>>", "all"
 
 
 class _V3_2Reader(CallReader):
-    """Reads a Functionary v3.2 reply message by message: the answer streams, a call is read once its message
-    ends. A message to no tool on offer is text, its header with it."""
+    """Reads a Functionary v3.2 reply message by message: the answer streams, and so does a call, as its JSON
+    comes. A message to no tool on offer is text, its header with it."""
+
+    streams_calls = True
 
     def __init__(self, rules: ToolCallRules) -> None:
         super().__init__(rules)
         self._recipient: Optional[str] = None  # None: reading a message's header
+        self._streamed: Optional[MessageCall] = None  # the message's call, if it is one to start as it is written
 
     def feed(self, text: str) -> list[Event]:
         self._pending += text
@@ -63,6 +66,7 @@ class _V3_2Reader(CallReader):
                 if self._recipient not in self.rules.schemas and self._recipient != ALL:
                     self._text(head + "\n", out)  # not a recipient: the model wrote text
                     self._recipient = ALL
+                self._streamed = MessageCall(self._recipient) if self.may_start(self._recipient) else None
                 continue
             at = self._pending.find(SEND)
             if at < 0:
@@ -70,6 +74,8 @@ class _V3_2Reader(CallReader):
                     cut = len(self._pending) - partial_tag(self._pending, (SEND,))
                     self._text(self._pending[:cut], out)
                     self._pending = self._pending[cut:]
+                elif self._streamed is not None:
+                    self._calls(self._streamed.read(self._pending), out)
                 return out
             body, self._pending = self._pending[:at], self._pending[at + len(SEND):]
             self._end_message(body, out)
@@ -88,10 +94,16 @@ class _V3_2Reader(CallReader):
 
     def _end_message(self, body: str, out: list, cut: bool = False) -> None:
         recipient, self._recipient = self._recipient, None
+        streamed, self._streamed = self._streamed, None
         if recipient == ALL:
             self._text(body, out)
             return
         call = named_call(recipient, body.strip() or "{}")
+        if streamed is not None:
+            self._calls(streamed.read(body), out)
+            if streamed.id is not None:
+                self._calls([streamed.end(call, cut)], out)
+                return
         if call is not None and self.rules.accept(call.name, call.arguments):
             out.append(ToolCall(uuid.uuid4().hex[:24], call.name, json.dumps(call.arguments, ensure_ascii=False)))
             self.calls += 1

@@ -16,9 +16,9 @@ import uuid
 from typing import Optional
 
 from ...engine.generate import partial_tag
-from ..events import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCall, ToolCallStart
-from .base import Call, CallFormat, CallReader, Event, JsonObjectText, ToolCallRules, XmlArguments, ended_call, \
-    named_call, text_value
+from ..events import ReasoningDelta, TextDelta, ToolCall
+from .base import Call, CallFormat, CallReader, Event, MessageCall, ToolCallRules, XmlArguments, named_call, \
+    text_value
 
 MESSAGE, ENDS, START = "<|message|>", ("<|end|>", "<|call|>", "<|return|>"), "<|start|>"
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -39,8 +39,7 @@ class HarmonyReader(CallReader):
         self._channel = ""
         self._recipient: Optional[str] = None
         self._arguments = ""
-        self._streamed: Optional[tuple[str, JsonObjectText, int]] = None  # a started call: its id, arguments, read
-        self._streams = False  # whether the message's call is one to start once its JSON begins
+        self._streamed: Optional[MessageCall] = None  # the message's call, if it is one to start as it is written
 
     def feed(self, text: str) -> list[Event]:
         self._pending += text
@@ -58,7 +57,8 @@ class HarmonyReader(CallReader):
                 if self._recipient is not None and self._recipient == self.thinking_recipient:
                     self._channel, self._recipient = "analysis", None
                 self._header, self._arguments = None, ""
-                self._streams = self._may_stream()
+                may_start = self.streams_calls and self.may_start(self._recipient)
+                self._streamed = MessageCall(self._recipient) if may_start else None
                 continue
             found = [(at, end) for end in self.ends + (START,) if (at := self._pending.find(end)) >= 0]
             if not found:
@@ -84,42 +84,22 @@ class HarmonyReader(CallReader):
         self._space = ""
         return out
 
-    def _may_stream(self) -> bool:
-        """Whether the message's call starts once its JSON begins: its header names one of the tools (as many as
-        the reply may make)."""
-        name = self._recipient
-        room = self.rules.max_calls is None or self.calls < self.rules.max_calls
-        return self.streams_calls and name in self.rules.schemas and name not in self.rules.raw_inputs and room
-
     def _content(self, text: str, out: list) -> None:
         if not text:
             return
         if self._recipient is not None:
             self._arguments += text
-            begun = self._arguments.lstrip()
-            if self._streams and begun:
-                self._streams = False
-                if begun.startswith("{"):
-                    self._streamed = (uuid.uuid4().hex[:24], JsonObjectText(), len(self._arguments) - len(begun))
-                    out.append(ToolCallStart(self._streamed[0], self._recipient))
-                    self._after_call, self._space = True, ""
             if self._streamed is not None:
-                call_id, arguments, at = self._streamed
-                at, new = arguments.read(self._arguments, at)
-                self._streamed = (call_id, arguments, at)
-                if new:
-                    out.append(ArgumentsDelta(call_id, new))
+                self._calls(self._streamed.read(self._arguments), out)
         elif self._channel == "analysis":
             out.append(ReasoningDelta(text))
         else:
             self._text(text, out)
 
     def _end_message(self, out: list, cut: bool = False) -> None:
-        streamed, self._streamed, self._streams = self._streamed, None, False
-        if streamed is not None:
-            out.append(ended_call(streamed[0], self._recipient, streamed[1],
-                                  self._call(self._recipient, self._arguments), cut))
-            self.calls += 1
+        streamed, self._streamed = self._streamed, None
+        if streamed is not None and streamed.id is not None:
+            self._calls([streamed.end(self._call(self._recipient, self._arguments), cut)], out)
         elif self._recipient is not None:
             name, arguments = self._recipient, self._arguments
             call = self._call(name, arguments)

@@ -22,6 +22,7 @@ KEY = 3  # tokens an earlier occurrence is looked up by
 MIN_MATCH = 8  # tokens an occurrence must share with the text's end to be drafted from: shorter matches mislead
 LONGEST = 64  # how far back a match is measured
 CANDIDATES = 64  # the latest occurrences of the key compared
+LONG_MATCH = 32  # a match this long is counted apart: a reply copying a stretch of text takes its drafts more often
 ROW_COST = 0.5  # what a call's row beyond the first costs, as a share of a call of one row, until measured
 TAKEN, MISSED = 3, 1  # drafted tokens counted as taken and missed before a reply has any: a rate of 0.75
 MEASURES = 7  # the latest measures of a call size whose median is its cost (a machine's hiccups stand out)
@@ -94,7 +95,9 @@ class NgramDrafter:
 
     def __init__(self, tokens: Sequence[int], costs: Optional[DraftCosts] = None) -> None:
         self.costs = costs or DraftCosts()
-        self._taken, self._missed = TAKEN, MISSED  # drafted tokens taken, and drafts not taken whole
+        # drafted tokens taken, and drafts not taken whole, after matches shorter than LONG_MATCH and after longer
+        self._taken, self._missed = [TAKEN, TAKEN], [MISSED, MISSED]
+        self._long = 0  # which of those the last match was
         self._declined = 0  # drafts found that did not pay
         self._tokens: list[int] = []
         self._seen: dict[tuple[int, ...], list[int]] = {}  # each key's occurrences, by where their continuation starts
@@ -111,12 +114,13 @@ class NgramDrafter:
 
     def checked(self, drafted: int, taken: int) -> None:
         """How the last draft went: of ``drafted`` tokens, the first ``taken`` were taken."""
-        self._taken += taken
-        self._missed += taken < drafted
+        self._taken[self._long] += taken
+        self._missed[self._long] += taken < drafted
 
     def paying_length(self, available: int) -> int:
         """How many of ``available`` drafted tokens to check: the length with the most tokens expected per unit of
-        cost (a token is taken with the rate so far, if the one before it was), 0 if none beats decoding one. Every
+        cost (a token is taken with the rate so far after matches as long as the last, if the one before it was), 0
+        if none beats decoding one. Every
         EXPLORE-th time none does, the length that would pay at the costs assumed before any measure: a size
         measured once at a bad moment is measured again."""
         best = self._best(available, measured=True)
@@ -127,7 +131,7 @@ class NgramDrafter:
         return best
 
     def _best(self, available: int, measured: bool) -> int:
-        rate = self._taken / (self._taken + self._missed)
+        rate = self._taken[self._long] / (self._taken[self._long] + self._missed[self._long])
         best, value, expected, chance = 0, 1.0, 0.0, 1.0
         for length in range(1, available + 1):
             chance *= rate
@@ -155,4 +159,5 @@ class NgramDrafter:
         following = tokens[best:best + limit]
         if longest < MIN_MATCH or len(following) < max(least, 1):
             return []
+        self._long = int(longest >= LONG_MATCH)
         return following[:max(least, self.paying_length(len(following)))]

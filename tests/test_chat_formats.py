@@ -33,10 +33,12 @@ TOOLS = {name: {"type": "function", "function": tool} for name, tool in DATA["to
 
 # What the server does not read as llama.cpp does yet, by case (template without .jinja, and line).
 NOT_YET = dict.fromkeys(
-    ["Qwen3.5-4B:2156", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16:2704", "Cohere2MoE:2883", "google-gemma-4-31B-it:3011",
-     "openai-gpt-oss-120b:6458"],
-    "reasoning_format none: llama.cpp writes the thinking's markup back into the answer (the opening tag the prompt "
-    "wrote, Harmony's analysis frame); here the answer is the reply's text, its format's markers left out")
+    ["google-gemma-4-31B-it:3011", "openai-gpt-oss-120b:6458"],
+    "reasoning_format none: llama.cpp writes a channel format's thinking frame back into the answer (Gemma 4's "
+    "thought channel, Harmony's analysis message); here the answer is the reply's text, its format's markers left out")
+NOT_YET["inclusionai-ling-3.0-flash:4716"] = (
+    "reasoning_format none: Ling 3's parser leaves out the <think> its prompt opened, where GLM's keeps it in the "
+    "answer; both are read as glm-xml here, which keeps it")
 
 
 def case_id(case: dict) -> str:

@@ -354,14 +354,18 @@ def render_chat(
 
 def reply_reading(template: ChatTemplate, prompt: str, reasoning_apart: bool = True) -> ReplyReading:
     """How a reply to the rendered ``prompt`` is read before tools count: its thinking told apart from its answer
-    (unless not ``reasoning_apart``: thinking tags stay in the text), and the markers its format puts around
-    answers left out (by the format's reader, which no call gets past without tools)."""
+    (unless not ``reasoning_apart``: thinking tags stay in the text, the one the prompt opened too, as llama-server
+    writes it, but for a reply of sections, Kimi K3's), and the markers its format puts around answers left out (by
+    the format's reader, which no call gets past without tools)."""
     form = call_format(template)
     reads = form.reads_reasoning or form.frames_replies or form.drops
     rules = ToolCallRules(form, lambda name, arguments: False) if reads else None
-    reasoning = None if form.reads_reasoning or not reasoning_apart else reasoning_of(template.source)
-    return ReplyReading(tool_rules=rules, reasoning=reasoning,
-                        inside_thinking=reasoning is not None and opens_thinking(prompt, reasoning))
+    syntax = None if form.reads_reasoning else reasoning_of(template.source)
+    opened = syntax is not None and opens_thinking(prompt, syntax)
+    if not reasoning_apart:
+        tail = prompt[prompt.rstrip().rfind(syntax.open.rstrip()):] if opened and not syntax.answers else ""
+        return ReplyReading(tool_rules=rules, prompt_tail=tail)
+    return ReplyReading(tool_rules=rules, reasoning=syntax, inside_thinking=opened)
 
 
 def call_format(template: ChatTemplate) -> CallFormat:

@@ -51,13 +51,15 @@ class ReplyReading:
     format (a format that reads reasoning too reads every reply); with a
     ``reasoning`` syntax, the model's thinking is told apart from its answer
     (``inside_thinking``: the prompt leaves the reply inside the thinking
-    block). ``reply_start`` is text at the end of the prompt that belongs to
-    the reply (the opening of a forced tool call): the tool-call parser reads
-    it first. With ``max_tool_calls`` a reply ends at that many tool calls.
+    block). ``reply_start`` is text added to the prompt that belongs to the
+    reply (the opening of a forced tool call), and ``prompt_tail`` the end of
+    the prompt the reply's text starts with (an opened thinking block, where
+    thinking stays in the text): both are read first. With ``max_tool_calls`` a reply ends at that many tool calls.
     """
 
     tool_rules: Optional[ToolCallRules] = None
     reply_start: str = ""
+    prompt_tail: str = ""
     max_tool_calls: Optional[int] = None
     reasoning: Optional[ReasoningSyntax] = None
     inside_thinking: bool = False
@@ -81,7 +83,7 @@ class ReplyReader:
         self._reasoning = ReasoningSplitter(reading.reasoning, reading.inside_thinking, ends) \
             if reading.reasoning else None
         self._tools = reading.tool_rules.format.reader(reading.tool_rules) if reading.tool_rules else None
-        self._start = reading.reply_start
+        self._start = reading.prompt_tail + reading.reply_start
 
     @property
     def calls(self) -> int:
@@ -97,11 +99,11 @@ class ReplyReader:
         return out + (self._tools.flush(cut=cut) if self._tools else [])
 
     def _answer(self, parts: list[Event]) -> list[Event]:
+        if self._start:
+            parts, self._start = [TextDelta(self._start), *parts], ""
         if self._tools is None:
             return parts
         out: list[Event] = []
-        if self._start:
-            out, self._start = self._tools.feed(self._start), ""
         for part in parts:
             out.extend(self._tools.feed(part.text) if isinstance(part, TextDelta) else [part])
         return out

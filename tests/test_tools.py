@@ -171,9 +171,10 @@ def test_anthropic_tool_use_streamed(say, an, scripted):
     tool_at = [i for i, (name, data) in enumerate(events) if data.get("index") == 1][0]
     assert names[:2] == ["message_start", "content_block_start"] and names[tool_at - 1] == "content_block_stop"
     assert set(names[2:tool_at - 1]) == {"content_block_delta"}
-    # The call streams: its input in pieces, as it is written.
+    # The call's input follows in pieces as it is written (how many depends on how fast the client reads: pieces
+    # written between two reads go as one; tests/test_families.py shows them arriving before the call ends).
     input_deltas = names[tool_at + 1:-3]
-    assert len(input_deltas) > 1 and set(input_deltas) == {"content_block_delta"}
+    assert input_deltas and set(input_deltas) == {"content_block_delta"}
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     start = events[tool_at][1]
     assert start["content_block"]["type"] == "tool_use" and start["content_block"]["input"] == {}
@@ -196,7 +197,7 @@ def test_responses_function_call(say, oa):
         final = stream.get_final_response()
     added = len(kinds) - 1 - kinds[::-1].index("response.output_item.added")
     deltas = kinds[added + 1:-3]
-    assert len(deltas) > 1 and set(deltas) == {"response.function_call_arguments.delta"}  # as it is written
+    assert deltas and set(deltas) == {"response.function_call_arguments.delta"}  # in pieces, as it is written
     assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
     assert json.loads(final.output[1].arguments) == {"city": "Paris"}
 

@@ -22,7 +22,7 @@ import dataclasses
 import json
 import re
 import uuid
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Union
 
 from ...engine.generate import partial_tag
 from ...engine.grammar import lark_grammar, lark_json, lark_string
@@ -56,6 +56,19 @@ class XmlArguments:
     text: str = r"([^<]|<[^\/])*"  # a regex: by default any text without "</"
 
 
+class ArgumentsText(Protocol):
+    """A call's arguments read into the JSON text of their object as they are written: ``read`` reads on from
+    ``at`` in the growing ``body`` and says where it stopped and what text is new; ``text`` is all of it so far,
+    ``ended`` whether the arguments have ended, and ``closed`` their whole text, if it can be told."""
+
+    text: str
+    ended: bool
+
+    def read(self, body: str, at: int) -> tuple[int, str]: ...
+
+    def closed(self) -> Optional[str]: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class Streaming:
     """How a format's calls are followed as they are written. ``head`` matches a call's start (from the end of
@@ -64,13 +77,15 @@ class Streaming:
     ``key``; group ``string``, where the element says whether its value is a string's text: "false" if not; else
     the schema says), ``element_end`` ends its value (``trim``: the newline before it is not part of the value), and
     ``call_end`` matches the end of the call after its last element (None: the call ends at the format's
-    close)."""
+    close). A format whose arguments are written otherwise reads them with ``arguments`` (given the tool's
+    parameters' schemas), which reads as JsonObjectText does."""
 
     head: re.Pattern
     element: Optional[re.Pattern] = None
     element_end: str = ""
     trim: bool = False
     call_end: Optional[re.Pattern] = None
+    arguments: Optional[Callable[[Mapping[str, Any]], ArgumentsText]] = None
 
 
 # A call as a JSON object of its name and arguments, alone or in a list (``parameters``: Llama 3.x's name)
@@ -463,7 +478,7 @@ class CallStream:
         self.started = 0
         self._at = 0
         self._stopped = False
-        self._call: Optional[tuple[str, str, Union[JsonObjectText, ElementArguments]]] = None  # id, name, arguments
+        self._call: Optional[tuple[str, str, ArgumentsText]] = None  # id, name, arguments
 
     def read(self, body: str) -> list[Event]:
         """The events of ``body`` (the text held so far, growing) since the last read."""
@@ -476,14 +491,15 @@ class CallStream:
                 if head is None or head.end() == len(body):
                     break
                 name = head.group("name").strip()
-                json_arguments = self.stream.element is None
+                json_arguments = self.stream.element is None and self.stream.arguments is None
                 if json_arguments and body[head.end()] != "{":
                     break  # not yet an object (or never: the call is read whole at the close)
                 if name not in self.rules.schemas or name in self.rules.raw_inputs:
                     self._stopped = True  # not a call to stream: it and any after it are read at the close
                     break
                 properties = self.rules.schemas[name].get("properties") or {}
-                arguments = JsonObjectText() if json_arguments else ElementArguments(self.stream, properties)
+                arguments = JsonObjectText() if json_arguments else self.stream.arguments(properties) \
+                    if self.stream.arguments else ElementArguments(self.stream, properties)
                 self._call = (uuid.uuid4().hex[:24], name, arguments)
                 self.started += 1
                 self._at = head.end()
@@ -538,7 +554,7 @@ class MessageCall:
         return ended_call(self.id, self.name, self.arguments, read, cut)
 
 
-def ended_call(call_id: str, name: str, arguments: Union[JsonObjectText, ElementArguments],
+def ended_call(call_id: str, name: str, arguments: ArgumentsText,
                read: Optional[Call] = None, cut: bool = False) -> ToolCall:
     """The end of a started call: its arguments' whole text (its text read whole, where that goes on from the
     text sent), or the text sent, not ``complete``, where they never ended."""

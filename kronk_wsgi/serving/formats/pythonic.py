@@ -2,9 +2,11 @@
 between ``<|tool_call_start|>`` and ``<|tool_call_end|>`` (LFM2). Values are Python or JSON literals."""
 
 import ast
-from typing import Any, Optional
+import json
+import re
+from typing import Any, Mapping, Optional
 
-from .base import Call, CallFormat, Schemas, XmlArguments
+from .base import Call, CallFormat, Schemas, Streaming, XmlArguments
 
 _NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
@@ -32,6 +34,118 @@ def _name(node: ast.AST) -> Optional[str]:
         return node.id
     if isinstance(node, ast.Attribute) and (base := _name(node.value)) is not None:
         return f"{base}.{node.attr}"
+    return None
+
+
+_KEY = re.compile(r"\s*,?\s*(?P<key>[A-Za-z_]\w*)\s*=\s*")
+_END = re.compile(r"\s*,?\s*\)")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v", "a": "\a", "0": "\0", "\\": "\\",
+            "'": "'", '"': '"', "\n": ""}
+_HEX = {"x": 2, "u": 4, "U": 8}
+
+
+class KeywordArguments:
+    """A call's keyword arguments as they are written, read into the JSON text of their object (see
+    base.ArgumentsText): a string's text goes out as it comes, another value once it ends."""
+
+    def __init__(self, _properties: Mapping[str, Any]) -> None:
+        self.text = ""
+        self.ended = False
+        self._quote: Optional[str] = None  # the quote of the string being read
+        self._value = False  # whether a value that is not a string is being read
+
+    def read(self, body: str, at: int) -> tuple[int, str]:
+        new: list[str] = []
+        while not self.ended:
+            if self._quote is not None:
+                at = self._string(body, at, new)
+                if self._quote is not None:
+                    break
+            elif self._value:
+                end = _value_end(body, at)
+                if end is None:
+                    break
+                try:
+                    value = _literal(ast.parse(body[at:end].strip(), mode="eval").body)
+                except (SyntaxError, ValueError, _NotLiteral, RecursionError, MemoryError):
+                    value = body[at:end].strip()
+                new.append(json.dumps(value, ensure_ascii=False))
+                self._value, at = False, end
+            elif (end := _END.match(body, at)) is not None:
+                new.append("}" if self.text or new else "{}")
+                self.ended, at = True, end.end()
+            elif (key := _KEY.match(body, at)) is not None and key.end() < len(body):
+                opening = ", " if self.text or new else "{"
+                new.append(opening + json.dumps(key.group("key")) + ": ")
+                at = key.end()
+                if body[at] in "\"'":
+                    self._quote, at = body[at], at + 1
+                    new.append('"')
+                else:
+                    self._value = True
+            else:
+                break
+        text = "".join(new)
+        self.text += text
+        return at, text
+
+    def closed(self) -> Optional[str]:
+        if self.ended:
+            return self.text
+        return None if self._quote is not None or self._value else self.text + ("}" if self.text else "{}")
+
+    def _string(self, body: str, at: int, new: list[str]) -> int:
+        """Reads a string's text on from ``at`` to its closing quote, or to what may be an escape cut short."""
+        out = []
+        while at < len(body):
+            char = body[at]
+            if char == self._quote:
+                self._quote = None
+                at += 1
+                break
+            if char != "\\":
+                out.append(char)
+                at += 1
+                continue
+            if at + 1 >= len(body):
+                break
+            code = body[at + 1]
+            if code in _HEX:
+                digits = body[at + 2:at + 2 + _HEX[code]]
+                if len(digits) < _HEX[code]:
+                    break
+                try:
+                    out.append(chr(int(digits, 16)))
+                except ValueError:
+                    out.append(body[at:at + 2 + _HEX[code]])
+                at += 2 + _HEX[code]
+            else:
+                out.append(_ESCAPES.get(code, "\\" + code))
+                at += 2
+        new.append(json.dumps("".join(out), ensure_ascii=False)[1:-1] + ('"' if self._quote is None else ""))
+        return at
+
+
+def _value_end(body: str, at: int) -> Optional[int]:
+    """Where a value that is not a string ends (a comma or the call's closing parenthesis outside brackets and
+    strings); None if it has not yet."""
+    depth, quote = 0, None
+    for index in range(at, len(body)):
+        char = body[index]
+        if quote is not None:
+            if char == "\\":
+                continue
+            quote = None if char == quote and body[index - 1] != "\\" else quote
+        elif char in "\"'":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                return index
+            depth -= 1
+        elif char == "," and depth == 0:
+            return index
     return None
 
 
@@ -65,4 +179,5 @@ FORMAT = CallFormat(
     end="]<|tool_call_end|>",
     xml=XmlArguments(lambda key, _kind: f"{key}=", "", separator=", ", raw_strings=False),
     tags=("<|tool_call_start|>", "<|tool_call_end|>"),
+    streaming=Streaming(re.compile(r"\s*,?\s*\[?\s*(?P<name>[A-Za-z_][\w.]*)\("), arguments=KeywordArguments),
 )

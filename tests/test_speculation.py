@@ -173,7 +173,8 @@ def server(smollm2, tmp_path_factory):
     that replies decoded beside others can be compared), both with speculation on, two slots each."""
     folder = tmp_path_factory.mktemp("speculative")
     demo = write_demo_model(folder / "demo.gguf", "tiny", architecture="qwen2")
-    models = {name: {"path": str(path), "engine": "llama.cpp", "context_length": 512, "speculative": {"n_max": 16, "n_min": 2}}
+    models = {name: {"path": str(path), "engine": "llama.cpp", "context_length": 512,
+                     "speculative": {"n_max": 16, "n_min": 2}}
               for name, path in (("smollm2", smollm2), ("demo", demo))}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 2}
     with run_server(folder, env) as server:

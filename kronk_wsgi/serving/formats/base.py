@@ -574,8 +574,6 @@ def _value(text: str) -> Any:
         return None
 
 
-
-
 class CallReader:
     """Splits streamed text into text deltas and tool calls, by the rules' format.
 
@@ -728,4 +726,3 @@ class CallReader:
         self._space = text[len(body):]
         if body:
             out.append(TextDelta(body))
-

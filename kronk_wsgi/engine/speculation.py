@@ -37,6 +37,7 @@ class DraftCosts:
     def __init__(self) -> None:
         self._single: collections.deque[float] = collections.deque(maxlen=MEASURES)  # seconds
         self._per_row: dict[int, collections.deque[float]] = {}  # by the rows' bit length: shares of one row
+        self._shares: dict[int, float] = {}  # each size's share as last found (a draft asks for up to 64 lengths)
 
     def record(self, rows: int, seconds: float) -> None:
         if rows == 1:
@@ -45,13 +46,20 @@ class DraftCosts:
             single = statistics.median(self._single)
             share = max(0.0, seconds - single) / (rows - 1) / single
             self._per_row.setdefault(rows.bit_length(), collections.deque(maxlen=MEASURES)).append(share)
+            self._shares.clear()
 
     def relative(self, rows: int, measured: bool = True) -> float:
         """What a call of ``rows`` costs, as calls of one row (not ``measured``: as priced before any measure)."""
-        size = rows.bit_length()
-        nearest = min(self._per_row, key=lambda known: (known > size, abs(known - size)), default=None)
-        share = statistics.median(self._per_row[nearest]) if nearest is not None and measured else ROW_COST
-        return 1 + share * (rows - 1)
+        return 1 + (self._share(rows.bit_length()) if measured and self._per_row else ROW_COST) * (rows - 1)
+
+    def _share(self, size: int) -> float:
+        """A row's share of a call of one row in calls of ``size`` (a bit length), as measured for it or the
+        nearest size."""
+        share = self._shares.get(size)
+        if share is None:
+            nearest = min(self._per_row, key=lambda known: (known > size, abs(known - size)))
+            share = self._shares[size] = statistics.median(self._per_row[nearest])
+        return share
 
 
 @dataclasses.dataclass

@@ -361,6 +361,10 @@ class ToolCallRules:
     raw_inputs: frozenset[str] = frozenset()  # the tools called in the raw form
     max_calls: Optional[int] = None  # how many calls the reply may make; None: any
 
+    def streams(self, name: Optional[str]) -> bool:
+        """Whether a call of ``name`` can go out as it is written: a tool on offer, called with JSON arguments."""
+        return name in self.schemas and name not in self.raw_inputs
+
 
 Event = Union[TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta, ToolCall]
 
@@ -405,16 +409,47 @@ class JsonObjectText:
         return self.text if self.ended else None
 
 
-class ElementArguments:
+class ParameterArguments:
+    """What readers of arguments written a parameter at a time share (an ArgumentsText): the JSON object's text,
+    opened at the first key, closed after the last, and recorded as it goes out. ``value_open`` says whether a
+    value is being read."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.ended = False
+
+    def key(self, name: str, new: list[str]) -> str:
+        """The text of a parameter's key (``new``: the text read in this call so far)."""
+        return (", " if self.text or new else "{") + json.dumps(name, ensure_ascii=False) + ": "
+
+    def closing(self, new: list[str]) -> str:
+        return "}" if self.text or new else "{}"
+
+    def sent(self, at: int, new: list[str]) -> tuple[int, str]:
+        """What ``read`` returns: where it stopped, and the ``new`` text, now recorded."""
+        text = "".join(new)
+        self.text += text
+        return at, text
+
+    def value_open(self) -> bool:
+        raise NotImplementedError
+
+    def closed(self) -> Optional[str]:
+        """Their whole text, with the object closed where no value is left open."""
+        if self.ended:
+            return self.text
+        return None if self.value_open() else self.text + self.closing([])
+
+
+class ElementArguments(ParameterArguments):
     """Arguments written one element per parameter (see Streaming), as they are written: read into the JSON
     text of their object. A string parameter's text goes out as it comes; another value once its element
     ends."""
 
     def __init__(self, stream: Streaming, properties: Mapping[str, Any]) -> None:
+        super().__init__()
         self.stream = stream
         self.properties = properties
-        self.text = ""
-        self.ended = False
         self._key: Optional[str] = None  # the parameter whose value is being read
         self._said: Optional[str] = None  # what its element says of it being a string, if it says
 
@@ -425,15 +460,14 @@ class ElementArguments:
             if self._key is None:
                 end = stream.call_end.match(body, at) if stream.call_end else None
                 if end is not None:
-                    new.append("}" if self.text or new else "{}")
+                    new.append(self.closing(new))
                     self.ended, at = True, end.end()
                     break
                 element = stream.element.match(body, at)
                 if element is None or element.end() == len(body):
                     break
                 self._key, self._said = element.group("key").strip(), element.groupdict().get("string")
-                opening = ", " if self.text or new else "{"
-                new.append(opening + json.dumps(self._key, ensure_ascii=False) + ": " + ('"' if self._string() else ""))
+                new.append(self.key(self._key, new) + ('"' if self._string() else ""))
                 at = element.end()
                 continue
             end = body.find(stream.element_end, at)
@@ -452,15 +486,10 @@ class ElementArguments:
                 new.append(json.dumps(xml_value(value, None if self._said else self.properties.get(self._key)),
                                       ensure_ascii=False))
             self._key, at = None, end + len(stream.element_end)
-        text = "".join(new)
-        self.text += text
-        return at, text
+        return self.sent(at, new)
 
-    def closed(self) -> Optional[str]:
-        """Its whole text, with the object closed where no value is left open."""
-        if self.ended:
-            return self.text
-        return None if self._key is not None else self.text + ("}" if self.text else "{}")
+    def value_open(self) -> bool:
+        return self._key is not None
 
     def _string(self) -> bool:
         return self._said != "false" if self._said is not None else _is_text(self.properties.get(self._key))
@@ -494,7 +523,7 @@ class CallStream:
                 json_arguments = self.stream.element is None and self.stream.arguments is None
                 if json_arguments and body[head.end()] != "{":
                     break  # not yet an object (or never: the call is read whole at the close)
-                if name not in self.rules.schemas or name in self.rules.raw_inputs:
+                if not self.rules.streams(name):
                     self._stopped = True  # not a call to stream: it and any after it are read at the close
                     break
                 properties = self.rules.schemas[name].get("properties") or {}
@@ -672,7 +701,7 @@ class CallReader:
         """Whether a call of ``name`` may start as it is written: a tool on offer, in JSON form, within the number
         of calls the reply may make."""
         room = self.rules.max_calls is None or self.calls < self.rules.max_calls
-        return name in self.rules.schemas and name not in self.rules.raw_inputs and room
+        return self.rules.streams(name) and room
 
     def _calls(self, events: list[Event], out: list) -> None:
         out.extend(events)

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any, Mapping, Optional
 
-from .base import Call, CallFormat, Schemas, Streaming, XmlArguments
+from .base import Call, CallFormat, ParameterArguments, Schemas, Streaming, XmlArguments
 
 _NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
@@ -44,13 +44,12 @@ _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v", "a
 _HEX = {"x": 2, "u": 4, "U": 8}
 
 
-class KeywordArguments:
-    """A call's keyword arguments as they are written, read into the JSON text of their object (see
-    base.ArgumentsText): a string's text goes out as it comes, another value once it ends."""
+class KeywordArguments(ParameterArguments):
+    """A call's keyword arguments as they are written, read into the JSON text of their object: a string's text
+    goes out as it comes, another value once it ends."""
 
     def __init__(self, _properties: Mapping[str, Any]) -> None:
-        self.text = ""
-        self.ended = False
+        super().__init__()
         self._quote: Optional[str] = None  # the quote of the string being read
         self._value = False  # whether a value that is not a string is being read
 
@@ -72,11 +71,10 @@ class KeywordArguments:
                 new.append(json.dumps(value, ensure_ascii=False))
                 self._value, at = False, end
             elif (end := _END.match(body, at)) is not None:
-                new.append("}" if self.text or new else "{}")
+                new.append(self.closing(new))
                 self.ended, at = True, end.end()
             elif (key := _KEY.match(body, at)) is not None and key.end() < len(body):
-                opening = ", " if self.text or new else "{"
-                new.append(opening + json.dumps(key.group("key")) + ": ")
+                new.append(self.key(key.group("key"), new))
                 at = key.end()
                 if body[at] in "\"'":
                     self._quote, at = body[at], at + 1
@@ -85,14 +83,10 @@ class KeywordArguments:
                     self._value = True
             else:
                 break
-        text = "".join(new)
-        self.text += text
-        return at, text
+        return self.sent(at, new)
 
-    def closed(self) -> Optional[str]:
-        if self.ended:
-            return self.text
-        return None if self._quote is not None or self._value else self.text + ("}" if self.text else "{}")
+    def value_open(self) -> bool:
+        return self._quote is not None or self._value
 
     def _string(self, body: str, at: int, new: list[str]) -> int:
         """Reads a string's text on from ``at`` to its closing quote, or to what may be an escape cut short."""

@@ -81,7 +81,7 @@ def test_a_forced_call_starts_the_reply_inside_it_with_its_arguments_constrained
     tools = ToolUse((TOOL,), choice="required", name="get_weather", max_calls=1)
     job = plan(tiny, GenerationRequest("tiny", prompt_param="messages", messages=ASK, tools=tools))
     assert job.reading.reply_start.startswith("<tool_call>") and "get_weather" in job.reading.reply_start
-    assert job.reading.tool_rules is not None and job.reading.max_tool_calls == 1
+    assert job.reading.tool_rules is not None and job.reading.tool_rules.max_calls == 1
     assert job.decode.grammar is not None and job.decode.constrain_after == ""
     rendered = tiny.template.render(ASK, [TOOL], None)
     assert job.prompts[0] == tiny.tokenize(rendered.text + job.reading.reply_start, inert=rendered.inert)

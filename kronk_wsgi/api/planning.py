@@ -398,9 +398,8 @@ def _tool_reading(model: LoadedModel, tools: ToolUse, reading: ReplyReading) -> 
         name = tools.name or (callable_[0]["function"]["name"] if len(callable_) == 1 else None)
         opening = form.opening(name, raw_input=name in raw)
         grammar = form.grammar(callable_, tools.strict, control, name, raw_inputs=raw)
-        return dataclasses.replace(reading, tool_rules=rules, reply_start=opening, max_tool_calls=tools.max_calls), \
-            grammar, ""
-    reading = dataclasses.replace(reading, tool_rules=rules, max_tool_calls=tools.max_calls)
+        return dataclasses.replace(reading, tool_rules=rules, reply_start=opening), grammar, ""
+    reading = dataclasses.replace(reading, tool_rules=rules)
     if tools.strict or tools.allowed is not None:  # the model may answer or call: a call it opens is held to them
         grammar = form.grammar(callable_, tools.strict, control, forced=False, raw_inputs=raw)
         return reading, grammar, form.opens[0]

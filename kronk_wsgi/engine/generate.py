@@ -181,10 +181,9 @@ class Generation:
         room = min(speculation.n_max, self.options.max_tokens - self.completion_tokens,
                    self.context_length - self._evaluated - 1)
         draft = drafter.draft(room, speculation.n_min) if room > 0 else []
-        if not draft:
-            return []
-        self.drafting.drafts += 1
-        self.drafting.drafted += len(draft)
+        if draft:
+            self.drafting.drafts += 1
+            self.drafting.drafted += len(draft)
         return draft
 
     def reuse(self) -> None:

@@ -54,13 +54,13 @@ class ReplyReading:
     block). ``reply_start`` is text added to the prompt that belongs to the
     reply (the opening of a forced tool call), and ``prompt_tail`` the end of
     the prompt the reply's text starts with (an opened thinking block, where
-    thinking stays in the text): both are read first. With ``max_tool_calls`` a reply ends at that many tool calls.
+    thinking stays in the text): both are read first. A reply ends at the
+    rules' ``max_calls`` tool calls.
     """
 
     tool_rules: Optional[ToolCallRules] = None
     reply_start: str = ""
     prompt_tail: str = ""
-    max_tool_calls: Optional[int] = None
     reasoning: Optional[ReasoningSyntax] = None
     inside_thinking: bool = False
 
@@ -171,7 +171,7 @@ class GenerationJob:
     def _reply(self, generation: Generation) -> Iterator[Event]:
         """One reply's events, ending with its ChoiceEnd."""
         reader = ReplyReader(self.reading)
-        limit = self.reading.max_tool_calls
+        limit = self.reading.tool_rules.max_calls if self.reading.tool_rules else None
         for text in generation:
             yield from self._reported(generation)
             for event in reader.feed(text):

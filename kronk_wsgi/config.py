@@ -30,15 +30,26 @@ class ConfigError(ValueError):
 
 
 class Speculative(BaseModel):
-    """Speculative decoding of a model's replies: drafts found by n-gram lookup in the prompt and the reply, each
-    checked in one decode call (engines that can: llama.cpp). ``n_max``: the longest draft; ``n_min``: the
-    shortest, checked wherever a match offers that many whether it pays or not (0: as long as pays, or none)."""
+    """Speculative decoding of a model's replies: drafts checked several tokens in one decode call (engines that
+    can: llama.cpp). ``type`` "ngram" drafts by n-gram lookup in the prompt and the reply; "draft" with
+    ``draft_model``, a GGUF file of a smaller model with the same vocabulary (llama-server's --model-draft), run
+    on llama.cpp beside it, a slot of its own per slot. ``n_max``: the longest draft; ``n_min``: the shortest,
+    checked wherever a match (or the draft model) offers that many whether it pays or not (0: as long as pays, or
+    none); ``p_min``: a draft model's draft stops at a token it gives less than this probability."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["ngram"] = "ngram"
+    type: Literal["ngram", "draft"] = "ngram"
     n_max: int = Field(64, ge=1, le=64)
     n_min: int = Field(0, ge=0, le=64)
+    p_min: float = Field(0.0, ge=0, le=1)
+    draft_model: Optional[str] = None
+
+    @pydantic.model_validator(mode="after")
+    def _draft_model_with_its_type(self) -> "Speculative":
+        if (self.type == "draft") != (self.draft_model is not None):
+            raise ValueError('type "draft" takes a draft_model, and only it does')
+        return self
 
 
 class ModelSpec(BaseModel):

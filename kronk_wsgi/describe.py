@@ -40,14 +40,18 @@ def kv_cache_bytes(model, context: int) -> int:
     return cells * (key + value) * 2
 
 
-def footprint(path: Path, context_length: Optional[int], slots: int) -> int:
-    """The memory a model takes loaded, estimated: its file, and each slot's KV cache at the context served."""
+def footprint(path: Path, context_length: Optional[int], slots: int, draft: Optional[Path] = None) -> int:
+    """The memory a model takes loaded, estimated: its file, and each slot's KV cache at the context served; with
+    its ``draft`` model's (speculative decoding) too, where that is on disk."""
     size = path.stat().st_size
     if not is_gguf(path):
         return size
     model = read_gguf(path)
     context = int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)
-    return size + slots * kv_cache_bytes(model, context)
+    size += slots * kv_cache_bytes(model, context)
+    if draft is not None and draft.is_file() and is_gguf(draft):
+        size += draft.stat().st_size + slots * kv_cache_bytes(read_gguf(draft), context)
+    return size
 
 
 @dataclasses.dataclass(frozen=True)

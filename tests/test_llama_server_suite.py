@@ -3,7 +3,7 @@ this server.
 
 tests/support/llama_server_shim.py stands where the suite starts llama-server: it reads llama-server's command
 line into this server's settings. The suite fetches its tiny models from the Hugging Face hub, out of reach
-here; SmolLM2 stands in for each of them (a generated reranker, kronk_wsgi.testing.reranker, for its reranker),
+here; SmolLM2 stands in for each of them (a generated reranker, kronk_wsgi.testing.random_models, for its reranker),
 so the tests that check what the suite's own models write cannot pass, for llama-server either. tests/data/llama_server_suite.json names, for each test of the files run here (those
 not marked slow: they download more models), "pass", or why it cannot pass here. Every test listed "pass" must
 pass; one listed with a reason may pass by chance (sampled text matching what the suite's model writes) and is
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kronk_wsgi.testing import fetch_llama_cpp_templates, fetch_llama_server_tests, free_port
-from kronk_wsgi.testing.reranker import write_reranker
+from kronk_wsgi.testing.random_models import write_reranker
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = json.loads((ROOT / "tests" / "data" / "llama_server_suite.json").read_text())

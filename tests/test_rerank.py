@@ -1,6 +1,6 @@
 """Reranking: llama-server's /rerank routes (Jina's and TEI's shapes), Cohere's /v2/rerank, Ollama's /api/rerank.
 
-Two tiny rerankers with random weights (kronk_wsgi.testing.reranker: Qwen3-Reranker's layout, SmolLM2's
+Two tiny rerankers with random weights (kronk_wsgi.testing.random_models: Qwen3-Reranker's layout, SmolLM2's
 vocabulary), one with the Qwen3 rerank prompt in its file and one laid out by its tokenizer's BOS, EOS and SEP,
 are served by this server (real gunicorn, the llama.cpp engine, two slots) and by llama-server built from the same
 llama.cpp source (--reranking). The scores must agree to float precision, in the same order.
@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from kronk_wsgi.testing import run_llama_server, run_server
-from kronk_wsgi.testing.reranker import QWEN3_RERANK_TEMPLATE, write_reranker
+from kronk_wsgi.testing.random_models import QWEN3_RERANK_TEMPLATE, write_reranker
 
 BINARY = os.environ.get("KRONK_TEST_LLAMA_SERVER")
 QUERY = "What is a giant panda?"

@@ -1,10 +1,14 @@
-"""Speculative decoding (n-gram drafts, checked several tokens in one llama.cpp call): the same replies as without it.
+"""Speculative decoding (n-gram drafts or a draft model's, checked several tokens in one llama.cpp call): the same
+replies as without it.
 
-In-process tests run the real engine on SmolLM2; the server tests run real gunicorn with the model's setting on.
+In-process tests run the real engine on SmolLM2; the server tests run real gunicorn with the model's setting on. The
+draft models are SmolLM2 itself (whose drafts are nearly all taken) and a model of SmolLM2's vocabulary with random
+weights (whose drafts are refused).
 Replies are compared within 512 tokens of context, where llama.cpp computes a token's logits the same in a batch
 of drafts as alone (past it, a single token's attention is split across threads: docs/ENGINES.rst).
 """
 
+import contextlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -13,13 +17,18 @@ import llama_cpp
 import pytest
 import requests
 
+from kronk_wsgi.config import Speculative
 from kronk_wsgi.engine import llamacpp_engine
+from kronk_wsgi.engine.base import DraftSlot
 from kronk_wsgi.engine.demo_model import write_demo_model
+from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.generate import DecodeOptions, Generation
 from kronk_wsgi.engine.grammar import Grammar, json_schema_grammar
 from kronk_wsgi.engine.sampling import SamplingParams
-from kronk_wsgi.engine.speculation import DraftCosts, NgramDrafter, Speculation
+from kronk_wsgi.engine.speculation import DraftCosts, ModelDrafter, NgramDrafter, Speculation, shared_vocabulary
+from kronk_wsgi.engine.tokenizer import GGUFTokenizer
 from kronk_wsgi.testing import metric, run_server
+from kronk_wsgi.testing.random_models import write_draft_model
 
 if not llamacpp_engine.available():
     if os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") == "1":
@@ -67,11 +76,14 @@ def test_a_short_match_is_no_draft():
     assert drafter.draft(8) == [9, 10, 11, 12, 1, 2, 3, 4]
 
 
+# Calls of 1 to 32 rows as measured at 2,700 tokens of context (2 cores): Gemma 3's rows cost 0.4-0.7 of a token
+# each, SmolLM2's 0.65-1.3
+GEMMA_COSTS = dict(single=0.016, rows_2=0.0272, rows_4=0.0384, rows_8=0.0576, rows_16=0.1056, rows_32=0.192)
+SMOLLM2_COSTS = dict(single=0.017, rows_2=0.0391, rows_4=0.0578, rows_8=0.1054, rows_16=0.1989, rows_32=0.3689)
+
+
 def test_a_draft_is_as_long_as_pays_by_what_rows_cost_and_how_drafts_went():
-    # Calls of 1 to 32 rows as measured at 2,700 tokens of context (2 cores): Gemma 3's rows cost 0.4-0.7 of a
-    # token each, SmolLM2's 0.65-1.3
-    gemma = costs(0.016, rows_2=0.0272, rows_4=0.0384, rows_8=0.0576, rows_16=0.1056, rows_32=0.192)
-    smollm2 = costs(0.017, rows_2=0.0391, rows_4=0.0578, rows_8=0.1054, rows_16=0.1989, rows_32=0.3689)
+    gemma, smollm2 = costs(**GEMMA_COSTS), costs(**SMOLLM2_COSTS)
     assert gemma.relative(8) == pytest.approx(3.6) and gemma.relative(12) > gemma.relative(8)
     assert gemma.relative(64) == pytest.approx(1 + 63 * (0.192 - 0.016) / 31 / 0.016)  # as the largest measured
     assert costs(0.016, rows_8=0.0576).relative(2) == pytest.approx(1 + (0.0576 - 0.016) / 7 / 0.016)
@@ -168,14 +180,98 @@ def test_grammar_and_stop_sequences_hold_with_drafts(engine):
 
 
 @pytest.fixture(scope="module")
-def server(smollm2, tmp_path_factory):
+def random_draft(smollm2, tmp_path_factory):
+    return write_draft_model(tmp_path_factory.mktemp("draft") / "random-draft.gguf", smollm2)
+
+
+@contextlib.contextmanager
+def drafting_with(engine, path):
+    """The engine's slots draft with the model at ``path``, a slot of its own each."""
+    draft = llamacpp_engine.LlamaCppEngine("draft", path, 2048)
+    vocabulary = shared_vocabulary(engine.tokenizer, draft.tokenizer)
+    for slot, draft_slot in zip(engine.slots, draft.new_slots(len(engine.slots), 2)):
+        slot.draft = DraftSlot(draft_slot, vocabulary)
+    try:
+        yield draft
+    finally:
+        for slot in engine.slots:
+            slot.draft = None
+        draft.close()
+
+
+@pytest.mark.parametrize("name", ["code", "chat"])
+def test_a_draft_model_gives_the_same_replies(engine, smollm2, random_draft, name):
+    """SmolLM2 drafting for itself proposes what it picks: its drafts are taken nearly whole. The random model's
+    are refused at their first token (n_min makes it draft anyway); either way the reply is the model's own."""
+    plain, _ = reply(engine, PROMPTS[name], sampling=GREEDY, max_tokens=40)
+    with drafting_with(engine, smollm2):
+        drafted, generation = reply(engine, PROMPTS[name], SPECULATION, sampling=GREEDY, max_tokens=40)
+    assert drafted == plain
+    assert generation.drafting.accepted >= 0.9 * generation.drafting.drafted > 0
+    with drafting_with(engine, random_draft):
+        drafted, generation = reply(engine, PROMPTS[name], SPECULATION, sampling=GREEDY, max_tokens=40)
+    assert drafted == plain
+    assert generation.drafting.drafts > 10 and generation.drafting.accepted <= generation.drafting.drafts // 10
+
+
+def test_a_draft_model_drafts_only_what_pays_and_what_it_is_sure_of(engine, smollm2, random_draft):
+    """Without n_min, the random model (a token's probability about 1 in 49,152) drafts nothing; p_min cuts the
+    confident draft model's drafts where it is less sure than that."""
+    with drafting_with(engine, random_draft):
+        _, generation = reply(engine, PROMPTS["list"], Speculation(), sampling=GREEDY, max_tokens=40)
+    assert generation.drafting.drafts == 0
+    with drafting_with(engine, smollm2):
+        _, loose = reply(engine, PROMPTS["chat"], Speculation(n_min=1), sampling=GREEDY, max_tokens=50)
+        _, strict = reply(engine, PROMPTS["chat"], Speculation(n_min=1, p_min=0.99), sampling=GREEDY, max_tokens=50)
+    assert strict.drafting.drafted / strict.drafting.drafts < loose.drafting.drafted / loose.drafting.drafts
+
+
+def test_a_draft_models_slot_follows_one_cache_scope(engine, smollm2, monkeypatch):
+    """The draft model's slot reuses what it holds of the same tenant's prompt, never another tenant's: that would
+    show in how fast a reply comes."""
+    slot = engine.slots[1]
+    prompt = len(engine.tokenizer.prompt(PROMPTS["code"]))
+    with drafting_with(engine, smollm2):
+        evaluated = []
+        decode = slot.draft.slot.decode
+        monkeypatch.setattr(slot.draft.slot, "decode", lambda tokens, pick=None: evaluated.append(len(tokens))
+                            or decode(tokens, pick))
+
+        def evaluated_for(scope: str) -> int:
+            evaluated.clear()
+            slot.scope = scope
+            reply(engine, PROMPTS["code"], SPECULATION, slot=1, sampling=GREEDY, max_tokens=20)
+            return sum(evaluated)
+
+        assert evaluated_for("tenant-a") >= prompt
+        assert evaluated_for("tenant-a") < prompt // 2  # the same prompt again: its prefix reused
+        assert evaluated_for("tenant-b") >= prompt
+    slot.scope = ""
+
+
+def test_a_draft_model_must_share_the_vocabulary(smollm2, gemma3, random_draft):
+    assert shared_vocabulary(GGUFTokenizer(read_gguf(smollm2)), GGUFTokenizer(read_gguf(random_draft))) == 49152
+    with pytest.raises(ValueError, match="vocabulary"):
+        shared_vocabulary(GGUFTokenizer(read_gguf(smollm2)), GGUFTokenizer(read_gguf(gemma3)))
+    with pytest.raises(ValueError, match="draft_model"):
+        Speculative(type="draft")
+    with pytest.raises(ValueError, match="draft_model"):
+        Speculative(draft_model=str(smollm2))
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, gemma3, tmp_path_factory):
     """SmolLM2, and a demo model of float32 weights (whose every kernel computes a row the same in any batch, so
-    that replies decoded beside others can be compared), both with speculation on, two slots each."""
+    that replies decoded beside others can be compared), both with speculation on, two slots each; SmolLM2 drafting
+    with itself as its draft model, and with Gemma 3, whose vocabulary differs."""
     folder = tmp_path_factory.mktemp("speculative")
     demo = write_demo_model(folder / "demo.gguf", "tiny", architecture="qwen2")
     models = {name: {"path": str(path), "engine": "llama.cpp", "context_length": 512,
                      "speculative": {"n_max": 16, "n_min": 2}}
               for name, path in (("smollm2", smollm2), ("demo", demo))}
+    for name, draft in (("drafted", smollm2), ("mismatched", gemma3)):
+        models[name] = {"path": str(smollm2), "engine": "llama.cpp", "context_length": 512,
+                        "speculative": {"type": "draft", "draft_model": str(draft), "n_min": 1}}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "smollm2", "KRONK_PARALLEL": 2}
     with run_server(folder, env) as server:
         yield server
@@ -228,5 +324,21 @@ def test_a_request_sets_the_draft_length_or_turns_it_off(server):
     short = complete(server, PROMPTS["list"], **{"speculative.n_max": 2, "speculative.n_min": 2})
     assert short["content"] == off["content"]
     assert 0 < short["timings"]["draft_n_accepted"] <= short["timings"]["draft_n"]
-    refused = requests.post(server.url + "/completion", json={"prompt": "x", "speculative.p_min": 0.5}, timeout=30)
-    assert refused.status_code == 400 and "speculative.p_min" in refused.json()["error"]["message"]
+    assert complete(server, PROMPTS["list"], **{"speculative.p_min": 0.5})["content"] == off["content"]
+
+
+def test_a_model_drafts_with_its_draft_model(server):
+    for prompt in PROMPTS.values():
+        complete(server, prompt, model="drafted", n_predict=1)
+    plain = {name: complete(server, prompt, model="drafted", n_predict=40, **{"speculative.n_max": 0})["content"]
+             for name, prompt in PROMPTS.items()}
+    drafted = {name: complete(server, prompt, model="drafted", n_predict=40) for name, prompt in PROMPTS.items()}
+    assert {name: answer["content"] for name, answer in drafted.items()} == plain
+    timings = drafted["code"]["timings"]
+    assert timings["draft_n_accepted"] >= 0.9 * timings["draft_n"] > 0
+    slots = requests.get(server.url + "/slots", params={"model": "drafted"}, timeout=30).json()
+    assert slots and all(slot["speculative"] for slot in slots)
+    refused = requests.post(server.url + "/completion", json={"prompt": "x", "model": "mismatched"}, timeout=60)
+    assert refused.status_code == 503
+    message = refused.json()["error"]["message"]
+    assert "draft model" in message and "vocabulary" in message and "/" not in message

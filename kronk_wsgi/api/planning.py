@@ -125,9 +125,11 @@ class GenerationRequest:
     cache_key: Optional[str] = None
     cache_scope: str = ""  # whose cached prefixes the prompt may reuse (Slot.enter); set by the server, not a client
     slot: Optional[int] = None  # the slot to run on, by number (llama-server's id_slot); None: the best free one
-    # Speculative decoding's longest draft (0: none) and shortest checked draft; None: the model's setting
+    # Speculative decoding's longest draft (0: none), shortest checked draft, and a draft model's least probability
+    # of a drafted token; None: the model's setting
     draft_max: Optional[int] = None
     draft_min: Optional[int] = None
+    draft_p_min: Optional[float] = None
     slot_param: str = "id_slot"
 
     @property
@@ -232,17 +234,21 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
 
 
 def _speculation(model: LoadedModel, request: GenerationRequest) -> Optional[Speculation]:
-    """How the replies are drafted: as the model's setting says, unless the request sets a draft length (0: off)."""
+    """How the replies are drafted: as the model's setting says, unless the request sets a draft length (0: off) or
+    a draft model's least probability."""
     if request.draft_max == 0:
         return None
-    if request.draft_max is None and request.draft_min is None:
+    asked = {"speculative.n_max": request.draft_max, "speculative.n_min": request.draft_min,
+             "speculative.p_min": request.draft_p_min}
+    if all(value is None for value in asked.values()):
         return model.speculation
     if not model.engine.speculates:
         raise invalid(f"speculative decoding: the {model.engine.kind.name} engine cannot check drafts",
-                      param="speculative.n_max" if request.draft_max is not None else "speculative.n_min")
+                      param=next(name for name, value in asked.items() if value is not None))
     default = model.speculation or Speculation()
     longest = request.draft_max or default.n_max
-    return Speculation(longest, min(longest, default.n_min if request.draft_min is None else request.draft_min))
+    return Speculation(longest, min(longest, default.n_min if request.draft_min is None else request.draft_min),
+                       default.p_min if request.draft_p_min is None else request.draft_p_min)
 
 
 def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[Prompt, RenderedPrompt],

@@ -41,6 +41,15 @@ class Cancelled(Exception):
     """Work stopped between two engine calls because the caller asked."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DraftSlot:
+    """A slot's draft model for speculative decoding: a slot of a smaller model of the same vocabulary, and the token
+    ids both models have (those below ``vocabulary``)."""
+
+    slot: "Slot"
+    vocabulary: int
+
+
 class Slot(abc.ABC):
     """One inference instance: a KV cache and the tokens it holds."""
 
@@ -56,6 +65,7 @@ class Slot(abc.ABC):
         self.state_cache: Optional[PromptCache] = None  # saved states to restore from, where the engine has them
         self.cache_written = 0  # prompt tokens the last prefill saves at its save points, beyond those it reused
         self._saves: list[int] = []  # the save points the last reuse chose, for evaluate
+        self.draft: Optional[DraftSlot] = None  # its draft model's slot, where the model drafts with one
 
     @abc.abstractmethod
     def _eval(self, tokens: Sequence[int], n_past: int, pick: Optional[Pick] = None) -> Optional[int]:

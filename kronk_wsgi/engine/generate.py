@@ -7,14 +7,14 @@ yields text deltas and leaves counts and the finish reason on itself.
 import codecs
 import dataclasses
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
 from .base import Cancelled, Slot
 from .grammar import Grammar
 from .sampling import Sampler, SamplingParams, logprobs
-from .speculation import Drafting, NgramDrafter, Speculation
+from .speculation import Drafting, ModelDrafter, NgramDrafter, Speculation
 from .tokenizer import Tokenizer
 
 
@@ -176,7 +176,16 @@ class Generation:
         (drafted ones the cache holds beyond it do not count)."""
         return len(self.prompt) + self.completion_tokens - 1
 
-    def _draft(self, drafter: NgramDrafter, speculation: Speculation) -> list[int]:
+    def _drafter(self, speculation: Speculation) -> Union[NgramDrafter, ModelDrafter]:
+        """The slot's draft model, if it has one, following the prompt; else n-gram lookup in it. A draft model's
+        slot holds no other cache scope's text (what it reuses would show in how fast a reply comes)."""
+        slot = self.slot
+        if slot.draft is None:
+            return NgramDrafter(self.prompt, slot.draft_costs)
+        slot.draft.slot.enter(slot.scope)
+        return ModelDrafter(self.prompt, slot.draft_costs, slot.draft, speculation.p_min, self.cancelled)
+
+    def _draft(self, drafter: Union[NgramDrafter, ModelDrafter], speculation: Speculation) -> list[int]:
         """A draft to check after the last token picked: no longer than the reply or the context has room for."""
         room = min(speculation.n_max, self.options.max_tokens - self.completion_tokens,
                    self.context_length - self._evaluated - 1)
@@ -228,7 +237,7 @@ class Generation:
             return token
 
         speculation = options.speculation
-        drafter = NgramDrafter(self.prompt, slot.draft_costs) if speculation else None
+        drafter = self._drafter(speculation) if speculation else None
         draft: list[int] = []  # drafted tokens in the cache, after the token before them
         rows: Optional[np.ndarray] = None  # the logits after that token and after each drafted one
         checked = 0  # drafted tokens taken so far

@@ -24,10 +24,10 @@ from .. import hub
 from ..catalog import Progress, check_engine_options, load_engine, local_file
 from ..config import ConfigError, ModelSpec, Settings, Speculative
 from ..describe import footprint
-from ..engine.base import Engine, EngineError, Slot
+from ..engine.base import DraftSlot, Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
 from ..engine.prompt_cache import PromptCache
-from ..engine.speculation import Speculation
+from ..engine.speculation import Speculation, shared_vocabulary
 from ..metrics import Metrics
 from ..model_registry import ModelRegistry
 from . import offload
@@ -109,11 +109,13 @@ class LoadedModel:
     def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
                  max_waiting: Optional[int], metrics: Metrics, unused: Callable[[], None], memory: int = 0,
                  path: Optional[Path] = None, stop: Sequence[str] = (), shared_cache: bool = True,
-                 speculative: Optional[Speculative] = None, max_tokens: Optional[int] = None) -> None:
+                 speculative: Optional[Speculative] = None, max_tokens: Optional[int] = None,
+                 draft_engine: Optional[Engine] = None) -> None:
         self.id = model_id
         self.path = path  # its file, whose size and modification time must stay what they were at the load
         self._stamp = _stamp(path)
         self.engine = engine
+        self.draft_engine = draft_engine  # the draft model its slots draft with, if its setting names one
         self.template = template
         self.memory = memory  # bytes, estimated: the file and the slots' KV caches
         self.places = places
@@ -129,7 +131,8 @@ class LoadedModel:
         self.end_texts: tuple[str, ...] = ((closing,) if closing and token is None else ()) + tuple(stop)
         self.max_tokens = max_tokens  # a reply's length where its request sets none: the model's setting
         # How replies are drafted, unless a request says otherwise: the model's setting
-        self.speculation = Speculation(speculative.n_max, speculative.n_min) if speculative is not None else None
+        self.speculation = (Speculation(speculative.n_max, speculative.n_min, speculative.p_min)
+                            if speculative is not None else None)
         self.created = int(time.time())
         self.prompt_cache: Optional[PromptCache] = slots[0].state_cache if slots else None
         self.slot_threads = ThreadPool(len(slots))
@@ -214,6 +217,8 @@ class LoadedModel:
         self.prep.kill()
         self._disk_writer.kill()
         self.engine.close()
+        if self.draft_engine is not None:
+            self.draft_engine.close()
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
                  inert: Optional[str] = None) -> list[int]:
@@ -311,7 +316,7 @@ class ModelPool:
             memory = offload.call(gevent.get_hub().threadpool, self._footprint, spec)
             self._wait_for_room(model_id, memory, started + wait, everyone_gone)
             self._loading_memory[model_id] = memory
-            engine, template, slots, path = self._run_load(model_id, spec, everyone_gone)
+            engine, draft_engine, template, slots, path = self._run_load(model_id, spec, everyone_gone)
         except (NoRoom, NeverFits, ClientGone) as exc:
             pending.set_exception(exc)
             raise
@@ -333,7 +338,7 @@ class ModelPool:
         # gevent objects belong to the hub's thread: build the model here, not in _load.
         model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
                             self.settings.max_waiting, self.metrics, self._unused, memory, path, spec.stop,
-                            self.settings.workers > 1, spec.speculative, spec.max_tokens)
+                            self.settings.workers > 1, spec.speculative, spec.max_tokens, draft_engine)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)
@@ -363,7 +368,7 @@ class ModelPool:
         return pending.get()
 
     def _run_load(self, model_id: str, spec: ModelSpec, everyone_gone: Callable[[], bool]
-                  ) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
+                  ) -> tuple[Engine, Optional[Engine], ChatTemplate, list[Slot], Optional[Path]]:
         """Load in a worker thread; stop its download after ``load_timeout``, or once every request waiting for
         it has gone."""
         loading = self.loads[model_id] = hub.Download()
@@ -422,7 +427,8 @@ class ModelPool:
         path = local_file(spec)
         if path is None or not path.is_file():
             return 0
-        return footprint(path, spec.context_length, self.settings.parallel)
+        draft = spec.speculative and spec.speculative.draft_model
+        return footprint(path, spec.context_length, self.settings.parallel, draft and Path(draft).expanduser())
 
     def _wait_for_room(self, model_id: str, memory: int, deadline: float, client_gone: Callable[[], bool]) -> None:
         """Make room for the model, waiting until ``deadline`` for the models that must go to end their requests
@@ -484,9 +490,9 @@ class ModelPool:
                     self.unload(model.id, "keep_alive" if model.keep_alive is not None else "idle")
 
     def _load(self, model_id: str, spec: ModelSpec, progress: Progress
-              ) -> tuple[Engine, ChatTemplate, list[Slot], Optional[Path]]:
-        """Runs in a worker thread: the engine, its chat template, its slots and its file (``progress`` hears of its
-        download)."""
+              ) -> tuple[Engine, Optional[Engine], ChatTemplate, list[Slot], Optional[Path]]:
+        """Runs in a worker thread: the engine, its draft model's, its chat template, its slots and its file
+        (``progress`` hears of its download)."""
         engine = load_engine(model_id, spec, progress)
         if spec.speculative is not None and not engine.speculates:
             engine.close()
@@ -500,10 +506,34 @@ class ModelPool:
         batched = engine.kind.batched
         self.settings.check_cores(batched)
         slots = engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))
+        draft_engine = self._load_draft(model_id, spec, engine, slots) if spec.speculative else None
         identity = engine.state_identity()
         ram, disk = self.settings.prompt_cache_ram_bytes(), self.settings.prompt_cache_disk_mb * 1_000_000
         if identity is not None and (ram or disk):
             cache = PromptCache(identity, ram, self.settings.prompt_cache_path(), disk)
             for slot in slots:
                 slot.state_cache = cache
-        return engine, template, slots, local_file(spec)
+        return engine, draft_engine, template, slots, local_file(spec)
+
+    def _load_draft(self, model_id: str, spec: ModelSpec, engine: Engine, slots: list[Slot]) -> Optional[Engine]:
+        """The draft model of a model that drafts with one, loaded beside it: a slot of its own for each of its slots,
+        of the same context length. EngineError (the model closed) if it does not load or its vocabulary differs."""
+        path = spec.speculative.draft_model
+        if path is None:
+            return None
+        draft_spec = ModelSpec(path=path, engine="llama.cpp", context_length=engine.context_length)
+        try:
+            draft = load_engine(f"{model_id} draft", draft_spec)
+        except EngineError as exc:
+            engine.close()
+            raise EngineError(f"its draft model: {exc}") from None
+        try:
+            vocabulary = shared_vocabulary(engine.tokenizer, draft.tokenizer)
+            draft_slots = draft.new_slots(len(slots), self.settings.threads_per_call(True))
+        except (ValueError, EngineError) as exc:
+            draft.close()
+            engine.close()
+            raise EngineError(f"its draft model {Path(path).name} cannot draft for it: {exc}") from None
+        for slot, draft_slot in zip(slots, draft_slots):
+            slot.draft = DraftSlot(draft_slot, vocabulary)
+        return draft

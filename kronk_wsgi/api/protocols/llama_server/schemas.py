@@ -150,10 +150,11 @@ class CompletionBody(Sampling):
     post_sampling_probs: bool = False
     lora: Literal[None] = None
     sse_ping_interval: Optional[float] = None
-    # Speculative decoding: the longest draft (0: none) and the shortest worth checking; unless given, the
-    # model's setting.
+    # Speculative decoding: the longest draft (0: none), the shortest worth checking, and the least probability a
+    # draft model's drafted token has; unless given, the model's setting.
     speculative_n_max: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(None, alias="speculative.n_max")
     speculative_n_min: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(None, alias="speculative.n_min")
+    speculative_p_min: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(None, alias="speculative.p_min")
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionBody":

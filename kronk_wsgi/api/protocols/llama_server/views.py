@@ -109,7 +109,8 @@ def generation_settings(body: CompletionBody, model_id: str, context: int,
     fields = body.model_dump(exclude={"model", "prompt", "response_fields", "input_prefix", "input_suffix",
                                       "input_extra", "logit_bias", "samplers", "json_schema", "lora", "id_slot",
                                       "cache_prompt", "n_cmpl", "return_tokens", "return_progress", "n_cache_reuse",
-                                      "sse_ping_interval", "speculative_n_max", "speculative_n_min"})
+                                      "sse_ping_interval", "speculative_n_max", "speculative_n_min",
+                                      "speculative_p_min"})
     limit = body.limit if body.limit is not None else -1
     return {**fields, "n_ctx": context, "model": model_id, "n_predict": limit, "max_tokens": limit,
             "seed": body.seed if body.seed != -1 else 4294967295, "grammar": body.grammar or "",
@@ -136,7 +137,7 @@ def _complete(body: CompletionBody, build) -> Any:
             top_logprobs=body.n_probs or None, token_ids=True, ignore_eos=body.ignore_eos,
             reply_format=grammar_fields(body.grammar, body.json_schema),
             slot=None if body.id_slot == -1 else body.id_slot,
-            draft_max=body.speculative_n_max, draft_min=body.speculative_n_min,
+            draft_max=body.speculative_n_max, draft_min=body.speculative_n_min, draft_p_min=body.speculative_p_min,
         )
         session = start_generation(generation)
         banned = tuple((token, float("-inf")) for token in sorted(model.end_ids)) if body.ignore_eos else ()
@@ -230,7 +231,7 @@ def rerank():
 
 def _slot_settings(model: LoadedModel) -> dict:
     defaults = CompletionBody(prompt="")
-    return {"id": 0, "id_task": -1, "n_ctx": model.engine.context_length, "speculative": False,
+    return {"id": 0, "id_task": -1, "n_ctx": model.engine.context_length, "speculative": model.speculation is not None,
             "is_processing": False, "params": generation_settings(defaults, model.id, model.engine.context_length),
             "prompt": "", "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1,
                                          "n_decoded": 0, "stopping_word": ""}}
@@ -267,7 +268,8 @@ def slots():
         if request.args.get("fail_on_no_slot") and all(s != "idle" for s in states.values()):
             raise ApiError(503, "no slot available", code="no_slot_available")
         return jsonify([
-            {"id": number, "id_task": -1, "n_ctx": model.engine.context_length, "speculative": False,
+            {"id": number, "id_task": -1, "n_ctx": model.engine.context_length,
+             "speculative": model.speculation is not None,
              "is_processing": slot_state != "idle", "state": slot_state,
              "next_token": {"has_next_token": slot_state != "idle", "has_new_line": False, "n_remain": -1,
                             "n_decoded": 0, "stopping_word": ""}}

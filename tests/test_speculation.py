@@ -179,6 +179,18 @@ def test_grammar_and_stop_sequences_hold_with_drafts(engine):
     assert drafted == plain and generation.stop_sequence == "four"
 
 
+def test_penalties_and_a_thinking_budget_hold_with_drafts(engine):
+    """Penalties count each token picked, drafted or not; a spent thinking budget forces its closing tag's tokens
+    over any draft."""
+    penalised = SamplingParams(temperature=0, repetition_penalty=1.2, presence_penalty=0.4, frequency_penalty=0.2)
+    budget = dict(thinking_close=" banana", thinking_budget=3)
+    for options in (dict(sampling=penalised), dict(sampling=GREEDY, **budget)):
+        plain, _ = reply(engine, PROMPTS["list"], max_tokens=60, **options)
+        drafted, generation = reply(engine, PROMPTS["list"], SPECULATION, max_tokens=60, **options)
+        assert drafted == plain and generation.drafting.drafts > 0
+    assert " banana" in plain[:30]  # forced after three tokens
+
+
 @pytest.fixture(scope="module")
 def random_draft(smollm2, tmp_path_factory):
     return write_draft_model(tmp_path_factory.mktemp("draft") / "random-draft.gguf", smollm2)

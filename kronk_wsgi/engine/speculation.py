@@ -278,9 +278,14 @@ def shared_vocabulary(target: GGUFTokenizer, draft: GGUFTokenizer) -> int:
     every id both have past the first five. ValueError saying what differs."""
     if target.kind != draft.kind:
         raise ValueError(f"its vocabulary is of another kind ({draft.kind}, not {target.kind})")
+
+    def added(tokenizer: GGUFTokenizer, name: str) -> tuple[bool, Optional[int]]:
+        """Whether the vocabulary adds its BOS (or EOS) token, and which token it adds."""
+        adds = getattr(tokenizer, f"add_{name}")
+        return adds, getattr(tokenizer, f"{name}_id") if adds else None
+
     for name in ("bos", "eos"):
-        adds = getattr(target, f"add_{name}")
-        if adds != getattr(draft, f"add_{name}") or adds and getattr(target, f"{name}_id") != getattr(draft, f"{name}_id"):
+        if added(target, name) != added(draft, name):
             raise ValueError(f"its {name.upper()} token differs")
     if abs(target.vocab_size - draft.vocab_size) > VOCABULARY_SLACK:
         raise ValueError(f"its vocabulary has {draft.vocab_size} tokens, not about {target.vocab_size}")

@@ -227,15 +227,16 @@ def test_a_draft_model_gives_the_same_replies(engine, smollm2, random_draft, nam
 
 
 def test_a_draft_model_drafts_only_what_pays_and_what_it_is_sure_of(engine, smollm2, random_draft):
-    """Without n_min, the random model (a token's probability about 1 in 49,152) drafts nothing; p_min cuts the
-    confident draft model's drafts where it is less sure than that."""
+    """Without n_min, the random model (a token's probability about 1 in 49,152) drafts nothing; with p_min, the
+    confident draft model drafts only where it is that sure (SmolLM2 drafting for itself costs what it saves: past
+    n_min's one token it drafts no more)."""
     with drafting_with(engine, random_draft):
         _, generation = reply(engine, PROMPTS["list"], Speculation(), sampling=GREEDY, max_tokens=40)
     assert generation.drafting.drafts == 0
     with drafting_with(engine, smollm2):
         _, loose = reply(engine, PROMPTS["chat"], Speculation(n_min=1), sampling=GREEDY, max_tokens=50)
         _, strict = reply(engine, PROMPTS["chat"], Speculation(n_min=1, p_min=0.99), sampling=GREEDY, max_tokens=50)
-    assert strict.drafting.drafted / strict.drafting.drafts < loose.drafting.drafted / loose.drafting.drafts
+    assert 0 < strict.drafting.drafts < loose.drafting.drafts
 
 
 def test_a_draft_models_slot_follows_one_cache_scope(engine, smollm2, monkeypatch):

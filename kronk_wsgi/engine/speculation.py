@@ -225,7 +225,8 @@ class ModelDrafter:
 
     def draft(self, limit: int, least: int = 0) -> list[int]:
         """Up to ``limit`` tokens, at least ``least``, as many as pay and none given less than ``p_min`` of the draft
-        model's probability; none once the text has a token the draft model lacks."""
+        model's probability (none if fewer than ``least`` are above it); none once the text has a token the draft
+        model lacks."""
         if not self._known:
             return []
         if not least:
@@ -257,9 +258,10 @@ class ModelDrafter:
             token = int(np.argmax(logits))
             probability = 1 / float(np.sum(np.exp(logits - logits[token])))
             chance *= probability
+            if token >= self._vocabulary or probability < self._p_min:  # all it offers
+                return draft if len(draft) >= least else []
             rows = len(draft) + 2
-            pays = chance > call_cost + self.costs.relative(rows) - self.costs.relative(rows - 1)
-            if token >= self._vocabulary or len(draft) >= least and (probability < self._p_min or not pays):
+            if len(draft) >= least and chance <= call_cost + self.costs.relative(rows) - self.costs.relative(rows - 1):
                 return draft
             draft.append(token)
             if len(draft) >= limit:

@@ -86,6 +86,12 @@ class ModelSpec(BaseModel):
             return " ".join(filter(None, (self.repo_id, self.filename or self.quant, self.revision and f"@{self.revision}")))
         return self.path if self.path is not None else f"demo model ({self.demo})"
 
+    @property
+    def draft_model(self) -> Optional[Path]:
+        """The file of the model its replies are drafted with, if speculation drafts with one."""
+        path = self.speculative and self.speculative.draft_model
+        return Path(path).expanduser() if path else None
+
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
         sources = [self.path is not None, self.repo_id is not None, self.demo is not None]

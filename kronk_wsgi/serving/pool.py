@@ -427,8 +427,7 @@ class ModelPool:
         path = local_file(spec)
         if path is None or not path.is_file():
             return 0
-        draft = spec.speculative and spec.speculative.draft_model
-        return footprint(path, spec.context_length, self.settings.parallel, draft and Path(draft).expanduser())
+        return footprint(path, spec.context_length, self.settings.parallel, spec.draft_model)
 
     def _wait_for_room(self, model_id: str, memory: int, deadline: float, client_gone: Callable[[], bool]) -> None:
         """Make room for the model, waiting until ``deadline`` for the models that must go to end their requests
@@ -506,7 +505,7 @@ class ModelPool:
         batched = engine.kind.batched
         self.settings.check_cores(batched)
         slots = engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))
-        draft_engine = self._load_draft(model_id, spec, engine, slots) if spec.speculative else None
+        draft_engine = self._load_draft(model_id, spec.draft_model, engine, slots) if spec.draft_model else None
         identity = engine.state_identity()
         ram, disk = self.settings.prompt_cache_ram_bytes(), self.settings.prompt_cache_disk_mb * 1_000_000
         if identity is not None and (ram or disk):
@@ -515,13 +514,10 @@ class ModelPool:
                 slot.state_cache = cache
         return engine, draft_engine, template, slots, local_file(spec)
 
-    def _load_draft(self, model_id: str, spec: ModelSpec, engine: Engine, slots: list[Slot]) -> Optional[Engine]:
-        """The draft model of a model that drafts with one, loaded beside it: a slot of its own for each of its slots,
-        of the same context length. EngineError (the model closed) if it does not load or its vocabulary differs."""
-        path = spec.speculative.draft_model
-        if path is None:
-            return None
-        draft_spec = ModelSpec(path=path, engine="llama.cpp", context_length=engine.context_length)
+    def _load_draft(self, model_id: str, path: Path, engine: Engine, slots: list[Slot]) -> Engine:
+        """The draft model at ``path``, loaded beside the model: a slot of its own for each of its slots, of the same
+        context length. EngineError (the model closed) if it does not load or its vocabulary differs."""
+        draft_spec = ModelSpec(path=str(path), engine="llama.cpp", context_length=engine.context_length)
         try:
             draft = load_engine(f"{model_id} draft", draft_spec)
         except EngineError as exc:
@@ -533,7 +529,7 @@ class ModelPool:
         except (ValueError, EngineError) as exc:
             draft.close()
             engine.close()
-            raise EngineError(f"its draft model {Path(path).name} cannot draft for it: {exc}") from None
+            raise EngineError(f"its draft model {path.name} cannot draft for it: {exc}") from None
         for slot, draft_slot in zip(slots, draft_slots):
             slot.draft = DraftSlot(draft_slot, vocabulary)
         return draft

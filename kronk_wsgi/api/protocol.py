@@ -36,7 +36,10 @@ class Protocol:
     (if given) adds headers to each of its responses from the request's record.
     ``open_paths`` need no key (probes), nor does any of its paths unless
     ``needs_key`` (static pages that ask for a key themselves); paths that start with one of
-    ``admin_paths`` need an admin key; any other path under one of
+    ``admin_paths`` need an admin key: every route that changes what the server holds (its models, their files,
+    a slot's state), whichever protocol defines it. A route taking a method other than GET is either one of them
+    or one the test of every route's key lists as an ordinary key's (tests/test_hardening_four.py): a new one
+    fails that test until it is put on one side. Any other path under one of
     ``unknown_below`` is its 404 (or 405); ``root`` answers ``GET /``, where the
     app serves it.
     """

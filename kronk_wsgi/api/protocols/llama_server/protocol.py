@@ -24,5 +24,6 @@ PROTOCOL = Protocol(
     prefixes=("/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots", "/health",
               "/v1/health", "/models", "/rerank", "/reranking", "/v1/rerank", "/v1/reranking"),
     open_paths=("/health", "/v1/health"),
-    admin_paths=("/slots/",),  # saving, restoring and erasing a slot's state
+    # Saving, restoring and erasing a slot's state; loading and unloading a model for everyone.
+    admin_paths=("/slots/", "/models/load", "/models/unload"),
 )

@@ -17,7 +17,7 @@ from ..engine.base import shared_prefix
 from ..engine.chat_template import ChatTemplate, ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
 from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
-from ..engine.sampling import SamplingParams
+from ..engine.sampling import SamplingParams, sampling_problem
 from ..engine.speculation import Speculation
 from ..serving import offload
 from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
@@ -300,7 +300,7 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, tru
         if isinstance(given, str) and not truncate and model.engine.tokenizer.fewest_tokens(given) > context:
             raise invalid(f"input {index} cannot fit this model's context of {context} tokens",
                           param=param, code="context_length_exceeded")
-        tokens = model.tokenize(given) if isinstance(given, str) else _known_ids(model, given, param)
+        tokens = model.tokenize(given) if isinstance(given, str) else known_ids(model.engine.tokenizer.vocab_size, given, param)
         if truncate:
             tokens = tokens[:context]
         if len(tokens) > context:
@@ -434,7 +434,12 @@ def _grammar(model: LoadedModel, text: Optional[str], request: GenerationRequest
 
 
 def _sampling(model: LoadedModel, sampling: SamplingParams) -> SamplingParams:
-    """The sampling parameters; 400 if a logit bias names a token outside the model's vocabulary."""
+    """The sampling parameters; 400 for a value the sampler cannot take, or a logit bias naming a token outside the
+    model's vocabulary."""
+    problem = sampling_problem(sampling)
+    if problem is not None:
+        name, why = problem
+        raise invalid(f"{name} {why}", param=name)
     vocab = model.engine.tokenizer.vocab_size
     for token, _ in sampling.logit_bias:
         if token >= vocab:
@@ -458,7 +463,7 @@ def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, Rende
     """One prompt's tokens, ``after_prompt`` text included; 400 if it leaves no room for a token of the reply."""
     param = request.prompt_param
     if isinstance(prompt, list):
-        tokens = _known_ids(model, prompt, param)
+        tokens = known_ids(model.engine.tokenizer.vocab_size, prompt, param)
     else:
         rendered = prompt if isinstance(prompt, RenderedPrompt) else RenderedPrompt(prompt)
         full = rendered.text + after_prompt
@@ -535,11 +540,13 @@ def _check_ref_cycles(schema: dict, param: str, what: str) -> None:
             pending.extend(node)
 
 
-def _known_ids(model: LoadedModel, ids: list[int], param: str) -> list[int]:
-    """Token ids given by the client, taken as they are; 400 if one is not in the model's vocabulary."""
-    vocab = model.engine.tokenizer.vocab_size
-    if any(token >= vocab for token in ids):
-        raise invalid(f"{param} has token ids outside this model's vocabulary of {vocab}", param=param)
+def known_ids(vocab_size: int, ids: Sequence[int], param: str) -> list[int]:
+    """Token ids given by the client (in ``param``), taken as they are; 400 naming the first that is not in a
+    vocabulary of ``vocab_size``. Every protocol's ids pass here before anything reads them."""
+    for index, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise invalid(f"{param}[{index}]: {token} is not a token id of this model (its vocabulary has "
+                          f"{vocab_size})", param=f"{param}[{index}]")
     return list(ids)
 
 

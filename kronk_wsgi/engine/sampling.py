@@ -8,6 +8,7 @@ is the C extension ``_draw`` (a whole vocabulary in tens of microseconds).
 """
 
 import dataclasses
+import math
 import secrets
 from collections import Counter
 from typing import Optional
@@ -33,8 +34,34 @@ class SamplingParams:
     repetition_window: int = 64  # tokens the repetition penalty looks back over, the prompt's included
 
 
-# The largest 1/temperature a float32 holds: a lower temperature is as good as greedy, with ties drawn.
+# The largest and smallest 1/temperature a float32 holds: a lower temperature is as good as greedy, with ties
+# drawn; a higher one as flat as the draw's precision makes any.
 MAX_INVERSE_TEMPERATURE = float(np.finfo(np.float32).max)
+MIN_INVERSE_TEMPERATURE = float(np.finfo(np.float32).tiny)
+# The penalties' bounds: past them, a penalized logit leaves what a float32 holds.
+MAX_PENALTY = 100.0
+MIN_REPETITION_PENALTY = 1e-3
+
+
+def sampling_problem(params: SamplingParams) -> Optional[tuple[str, str]]:
+    """The field whose value this sampler cannot take, and why; None if it takes them all. Every protocol's
+    sampling fields come here, whatever bounds its own API sets."""
+    if not (math.isfinite(params.temperature) and params.temperature >= 0):
+        return "temperature", "must be a finite number, 0 or more"
+    for name in ("top_p", "min_p"):
+        if not 0 <= getattr(params, name) <= 1:
+            return name, "must be between 0 and 1"
+    if params.top_k < 0:
+        return "top_k", "must be 0 (off) or more"
+    if not MIN_REPETITION_PENALTY <= params.repetition_penalty <= MAX_PENALTY:
+        return "repetition_penalty", f"must be between {MIN_REPETITION_PENALTY:g} and {MAX_PENALTY:g}"
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not abs(getattr(params, name)) <= MAX_PENALTY:
+            return name, f"must be between {-MAX_PENALTY:g} and {MAX_PENALTY:g}"
+    if any(math.isnan(bias) or bias == math.inf or abs(bias) > MAX_PENALTY and bias != -math.inf
+           for _, bias in params.logit_bias):
+        return "logit_bias", f"a bias must be between {-MAX_PENALTY:g} and {MAX_PENALTY:g}, or a ban"
+    return None
 
 
 class Sampler:
@@ -75,7 +102,7 @@ class Sampler:
         if p.temperature == 0:
             token = int(np.argmax(logits))
         else:
-            inverse_temperature = min(1.0 / p.temperature, MAX_INVERSE_TEMPERATURE)
+            inverse_temperature = min(max(1.0 / p.temperature, MIN_INVERSE_TEMPERATURE), MAX_INVERSE_TEMPERATURE)
             top_k = min(p.top_k, len(logits))
             token = draw(logits, inverse_temperature, top_k, p.top_p, p.min_p, self._rng.random())
         if self._window:

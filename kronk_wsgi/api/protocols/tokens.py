@@ -8,8 +8,7 @@ from pydantic import Field
 
 from ...serving.pool import LoadedModel
 from ..body import parse_body
-from ..errors import invalid
-from ..planning import render_chat
+from ..planning import known_ids, render_chat
 from ..protocol import Protocol
 from ..schemas import ChatMessage, ChatTool, Strict, template_tool
 from ..sessions import use_model
@@ -65,9 +64,4 @@ def detokenize():
 
 def text_of(model: LoadedModel, tokens: list[int]) -> str:
     """The text of ``tokens``; 400 naming the first that is not in the model's vocabulary."""
-    vocab = model.engine.tokenizer.vocab_size
-    for index, token in enumerate(tokens):
-        if token >= vocab:
-            raise invalid(f"{token} is not a token id of this model (its vocabulary has {vocab})",
-                          param=f"tokens[{index}]")
-    return model.detokenize(tokens).decode("utf-8", errors="replace")
+    return model.detokenize(known_ids(model.engine.tokenizer.vocab_size, tokens, "tokens")).decode("utf-8", "replace")

@@ -163,13 +163,14 @@ class CompletionBody(Sampling):
         self.prompts()  # each a prompt: refused here, by name, if not
         return self
 
-    def prompts(self) -> list[Mixed]:
-        """Each prompt: one, unless ``prompt`` is a list of prompts (of texts alone, or holding lists or objects)."""
+    def prompts(self) -> list[tuple[str, Mixed]]:
+        """Each prompt, with where it is in the body: one, unless ``prompt`` is a list of prompts (of texts alone,
+        or holding lists or objects)."""
         if isinstance(self.prompt, str):
-            return [self.prompt]
+            return [("prompt", self.prompt)]
         if isinstance(self.prompt, dict) or _one_prompt(self.prompt):
-            return [_prompt(self.prompt, "prompt")]
-        return [_prompt(item, f"prompt[{index}]") for index, item in enumerate(self.prompt)]
+            return [("prompt", _prompt(self.prompt, "prompt"))]
+        return [(f"prompt[{index}]", _prompt(item, f"prompt[{index}]")) for index, item in enumerate(self.prompt)]
 
     @property
     def limit(self) -> Optional[int]:

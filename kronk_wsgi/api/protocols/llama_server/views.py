@@ -12,7 +12,7 @@ from ....serving import offload
 from ....serving.pool import LoadedModel
 from ...body import parse_body
 from ...errors import ApiError, invalid
-from ...planning import GenerationRequest, render_chat
+from ...planning import GenerationRequest, known_ids, render_chat
 from ...ranking import document_text, rank
 from ...response import respond
 from ...schemas import grammar_fields, template_tool, template_variables
@@ -36,10 +36,13 @@ def _model(given: Optional[str]) -> str:
     return given if given is not None else state().settings.default_model
 
 
-def mixed_tokens(tokenizer: Tokenizer, prompt: Mixed, add_special: bool, parse_special: bool = True) -> list[int]:
-    """A prompt's tokens: its texts tokenized each alone, its ids as they are; BOS (and EOS) as the model asks, with
-    ``add_special``, when it starts with a text."""
+def mixed_tokens(tokenizer: Tokenizer, prompt: Mixed, param: str, add_special: bool,
+                 parse_special: bool = True) -> list[int]:
+    """A prompt's tokens: its texts tokenized each alone, its ids as they are (400 for one outside the vocabulary,
+    naming its place in ``param``); BOS (and EOS) as the model asks, with ``add_special``, when it starts with a
+    text."""
     parts = [prompt] if isinstance(prompt, str) else prompt
+    known_ids(tokenizer.vocab_size, [part if isinstance(part, int) else 0 for part in parts], param)  # texts as 0
     tokens: list[int] = []
     for position, part in enumerate(parts):
         if isinstance(part, int):
@@ -84,9 +87,9 @@ def infill_tokens(tokenizer: Tokenizer, body: InfillBody, context: int) -> list[
     def plain(text: str) -> list[int]:
         return tokenizer.encode(text, False)
 
-    prefix = mixed_tokens(tokenizer, body.input_prefix, False, False)
-    suffix = mixed_tokens(tokenizer, body.input_suffix, False, False)
-    prompt = mixed_tokens(tokenizer, body.prompt, False) if body.prompt else []
+    prefix = mixed_tokens(tokenizer, body.input_prefix, "input_prefix", False, False)
+    suffix = mixed_tokens(tokenizer, body.input_suffix, "input_suffix", False, False)
+    prompt = mixed_tokens(tokenizer, body.prompt, "prompt", False) if body.prompt else []
     extra = [rep, *plain(FIM_PROJECT)] if rep is not None else []
     for chunk in body.input_extra:
         extra += [sep, *plain(chunk.filename + "\n")] if sep is not None else plain(SNIPPET)
@@ -155,7 +158,8 @@ def _complete(body: CompletionBody, build) -> Any:
 def completion():
     """Continue each prompt (llama-server's native completion)."""
     body = parse_body(CompletionBody, json_type=False)
-    return _complete(body, lambda tokenizer, context: [mixed_tokens(tokenizer, p, True) for p in body.prompts()])
+    return _complete(body, lambda tokenizer, context: [mixed_tokens(tokenizer, p, where, True)
+                                                          for where, p in body.prompts()])
 
 
 @bp.post("/infill")
@@ -173,7 +177,7 @@ def tokenize():
         tokenizer = model.engine.tokenizer
 
         def run() -> list:
-            tokens = mixed_tokens(tokenizer, body.content, body.add_special, body.parse_special)
+            tokens = mixed_tokens(tokenizer, body.content, "content", body.add_special, body.parse_special)
             return [{"id": t, "piece": _piece(tokenizer, t)} for t in tokens] if body.with_pieces else tokens
 
         return jsonify({"tokens": offload.call(model.prep, run)})

@@ -10,7 +10,7 @@ from typing import Optional
 
 from cryptography.fernet import Fernet, InvalidToken
 
-from ..keyfile import owner_only_key
+from ..private_files import owner_only_key
 
 
 class Sealer:

@@ -36,14 +36,13 @@ import re
 import stat
 import struct
 import time
-import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 from gevent import monkey
 
-from ..keyfile import owner_only_key
+from ..private_files import open_private, owner_only_key, private_folder, write_private
 
 _allocate_lock = monkey.get_original("_thread", "allocate_lock")
 _sleep = monkey.get_original("time", "sleep")
@@ -145,7 +144,7 @@ class PromptCache:
         self._secret = b""
         if self.disk_dir is not None:
             try:
-                self.disk_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                private_folder(self.disk_dir)
                 self._secret = owner_only_key(self.root / KEY_FILE, lambda: os.urandom(32).hex().encode())
             except OSError as exc:  # the directory cannot be trusted or used: RAM only
                 self._problem(str(self.root), f"the disk tier is off: {exc}", count=False)
@@ -336,15 +335,11 @@ class PromptCache:
         return self.disk_dir / (key.hex() + suffix)
 
     def _replace(self, path: Path, data: bytes) -> bool:
-        """Write ``data`` to a temporary file, then rename it to ``path``: a partial file is never read."""
-        partial = self.disk_dir / f".{path.stem}.{uuid.uuid4().hex}.tmp"
+        """Write ``data`` to ``path`` whole or not at all (see write_private); whether it was written."""
         try:
-            with open(partial, "wb") as out:
-                out.write(data)
-            os.replace(partial, path)
+            write_private(path, [data])
             return True
         except OSError:
-            partial.unlink(missing_ok=True)
             return False
 
     def _write(self, key: bytes, entry: Entry) -> None:
@@ -410,15 +405,6 @@ class PromptCache:
         """A disk entry's header: what it is, whose, in which scope, and how many tokens and state bytes follow."""
         return MAGIC + self.identity + seed + struct.pack("<QQ", n_tokens, n_state)
 
-    def _open(self, path: Path) -> tuple[int, int]:
-        """A file opened to read, and its size; ValueError unless it is a regular file (never a FIFO or a link)."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            os.close(fd)
-            raise ValueError("not a regular file")
-        return fd, info.st_size
-
     def _read_head(self, fd: int, size: int, pending: bool) -> tuple[bytes, int, int]:
         """The scope seed, token and state counts of an entry's header, checked against the file's size;
         ValueError unless it is a whole entry (or announcement) of this identity."""
@@ -436,7 +422,7 @@ class PromptCache:
 
     def _read_tokens(self, path: Path, pending: bool = False) -> Optional[tuple[bytes, tuple[int, ...], int]]:
         try:
-            fd, size = self._open(path)
+            fd, size = open_private(path)
             try:
                 seed, n_tokens, _ = self._read_head(fd, size, pending)
                 data = os.read(fd, 4 * n_tokens)
@@ -454,7 +440,7 @@ class PromptCache:
     def _read(self, key: bytes, entry: Entry) -> Optional[bytes]:
         """A disk entry's state, all of it authenticated; an entry that is not valid is counted and removed."""
         try:
-            fd, size = self._open(entry.path)
+            fd, size = open_private(entry.path)
             try:
                 self._read_head(fd, size, pending=False)
                 os.lseek(fd, 0, os.SEEK_SET)

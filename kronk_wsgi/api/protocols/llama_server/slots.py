@@ -1,12 +1,15 @@
 """llama-server's slot actions: a slot's state saved to a file, restored from one, or erased (admin keys only).
 
-Files live in the ``slot_save_path`` setting's folder, named by the client with a plain file name (no path leaves
-the folder). A file holds the engine's state and the tokens it holds, with what the state depends on (the model
-file, the engine, the context): it is restored only into the same. Only engines with a state API (llama.cpp)
-save and restore; erasing works on any.
+Files live in the ``slot_save_path`` setting's folder (0700), named by the client with a plain file name (no path
+leaves the folder), each readable by this user alone (0600) and never read or written through a link. A file holds
+the engine's state and the tokens it holds, with what the state depends on (the model file, the engine, the
+context): it is restored only into the same. Only engines with a state API (llama.cpp) save and restore; erasing
+works on any.
 """
 
+import errno
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -15,6 +18,7 @@ from typing import Optional
 from flask import jsonify, request
 
 from ....engine.base import EngineError, Slot
+from ....private_files import open_private, private_folder, write_private
 from ....serving import offload
 from ....serving.pool import LoadedModel
 from ...body import parse_body
@@ -50,19 +54,30 @@ def _save(slot: Slot, identity: str, path: Path) -> tuple[int, int]:
     tokens = list(slot.cached)
     data = slot.save_state()
     header = json.dumps({"identity": identity, "tokens": tokens}).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as out:
-        out.write(MAGIC + len(header).to_bytes(8, "little") + header)
-        out.write(data)
-    partial.replace(path)
+    private_folder(path.parent)
+    write_private(path, [MAGIC, len(header).to_bytes(8, "little"), header, data])
     return len(tokens), len(MAGIC) + 8 + len(header) + len(data)
 
 
+def _read(path: Path) -> bytes:
+    """A slot file's bytes; 404 if there is none, 400 if it is no regular file (a link is never followed)."""
+    try:
+        fd, size = open_private(path)
+    except FileNotFoundError:
+        raise ApiError(404, f"no saved slot file {path.name!r}", code="not_found") from None
+    except ValueError:
+        raise invalid(f"{path.name!r} is not a slot file of this server", param="filename") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise invalid(f"{path.name!r} is a link: slot files are read from the folder itself", param="filename") \
+            from None
+    with os.fdopen(fd, "rb") as file:
+        return file.read(size)
+
+
 def _restore(slot: Slot, identity: str, path: Path, scope: str) -> tuple[int, int]:
-    if not path.is_file():
-        raise ApiError(404, f"no saved slot file {path.name!r}", code="not_found")
-    data = path.read_bytes()
+    data = _read(path)
     if not data.startswith(MAGIC):
         raise invalid(f"{path.name!r} is not a slot file of this server", param="filename")
     size = int.from_bytes(data[len(MAGIC):len(MAGIC) + 8], "little")

@@ -108,7 +108,19 @@ def probes(url: str, host: str, port: int, store: Path) -> dict[str, Callable[[]
             requests.post(url + "/v1/responses", json={"model": "fast", "input": "hi", "max_output_tokens": 20,
                                                        "background": True}, timeout=300)
 
+    def many_messages() -> None:  # round 4, item 5: 8 clients at once, each a 6 MB body of 200,000 messages
+        body = json.dumps({"model": "fast", "messages": [{"role": "user", "content": "hi"}] * 200_000,
+                           "max_tokens": 2}, separators=(",", ":")).encode()
+        threads = [threading.Thread(target=requests.post, args=(url + "/v1/chat/completions",),
+                                    kwargs={"data": body, "headers": {"Content-Type": "application/json"},
+                                            "timeout": 300}) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
     return {"quiet (baseline)": lambda: time.sleep(5), "1.4 MB of schema patterns": patterns,
+            "8 bodies of 200,000 messages at once (6 MB each)": many_messages,
             "40 requests at once in one line": long_line, "300 background responses": background_flood,
             "GBNF grammars of 1,000 and 4,000 rules": grammars, "untrustworthy prompt-cache files": cache_files,
             "9,000 prefixItems, 6,000 properties": large_schemas, "n=16 x 2,000 tokens, top_logprobs 20": many_logprobs,

@@ -49,6 +49,8 @@ class Speculative(BaseModel):
     def _draft_model_with_its_type(self) -> "Speculative":
         if (self.type == "draft") != (self.draft_model is not None):
             raise ValueError('type "draft" takes a draft_model, and only it does')
+        if self.n_min > self.n_max:
+            raise ValueError(f"n_min {self.n_min} is more than n_max {self.n_max}, the longest draft")
         return self
 
 
@@ -159,6 +161,8 @@ class Settings(BaseModel):
     responses_max_mb: int = Field(512, ge=1)  # and at most this much of them
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_body_values: int = Field(20_000, ge=100)  # JSON values in one body (validation time grows with them)
+    # Prompt tokens one embedding or rerank request may give its model in all (each input within the context too)
+    max_request_tokens: int = Field(131_072, ge=1)
     body_timeout: float = Field(30.0, gt=0)  # seconds for a request body to arrive (408 after)
     write_timeout: float = Field(60.0, gt=0)  # seconds one write of a response may take before the server hangs up
     max_loaded_models: Optional[int] = Field(None, ge=1)  # models loaded at once per worker; None: no limit

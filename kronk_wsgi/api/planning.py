@@ -247,6 +247,9 @@ def _speculation(model: LoadedModel, request: GenerationRequest) -> Optional[Spe
                       param=next(name for name, value in asked.items() if value is not None))
     default = model.speculation or Speculation()
     longest = request.draft_max or default.n_max
+    if request.draft_min is not None and request.draft_min > longest:
+        raise invalid(f"speculative.n_min {request.draft_min} is more than the longest draft, {longest} "
+                      "(speculative.n_max)", param="speculative.n_min")
     return Speculation(longest, min(longest, default.n_min if request.draft_min is None else request.draft_min),
                        default.p_min if request.draft_p_min is None else request.draft_p_min)
 
@@ -287,14 +290,26 @@ def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict
     return shared_prefix(model.engine.tokenizer.prompt(text, True, prompt.inert), tokens)
 
 
-def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, truncate: bool = False,
+def _check_budget(tokens: int, budget: int, param: str, floor: bool = False) -> None:
+    """400 if a request's inputs come to more than ``budget`` tokens in all (``floor``: at least ``tokens``)."""
+    if tokens > budget:
+        count = f"at least {tokens}" if floor else str(tokens)
+        raise invalid(f"the inputs come to {count} tokens; one request may give this server {budget} "
+                      "(max_request_tokens)", param=param, code="request_too_large")
+
+
+def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, budget: int, truncate: bool = False,
                    scope: str = "") -> EmbeddingJob:
     """The job that embeds each input on ``model``; 400 if one does not fit its context, unless ``truncate``
-    keeps the tokens that fit."""
+    keeps the tokens that fit, or if they come to more than ``budget`` tokens."""
     if model.engine.reranker:
         raise invalid(f"model {model.id!r} is a reranker: it scores documents against a query (POST /v1/rerank) and "
                       "gives no embeddings", param="model")
-    context = model.engine.context_length
+    context, tokenizer = model.engine.context_length, model.engine.tokenizer
+    fewest = sum(len(given) if not isinstance(given, str) else
+                 min(tokenizer.fewest_tokens(given), context) if truncate else tokenizer.fewest_tokens(given)
+                 for given in inputs)
+    _check_budget(fewest, budget, param, floor=True)  # before seconds of tokenizing
     token_lists = []
     for index, given in enumerate(inputs):
         if isinstance(given, str) and not truncate and model.engine.tokenizer.fewest_tokens(given) > context:
@@ -307,14 +322,16 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, tru
             raise invalid(f"input {index} has {len(tokens)} tokens; this model's context is {context}",
                           param=param, code="context_length_exceeded")
         token_lists.append(tokens)
+    _check_budget(sum(map(len, token_lists)), budget, param)
     return EmbeddingJob(token_lists, scope)
 
 
-def plan_rerank(model: LoadedModel, query: str, documents: Sequence[str], param: str,
+def plan_rerank(model: LoadedModel, query: str, documents: Sequence[str], param: str, budget: int,
                 max_document_tokens: Optional[int] = None) -> RerankJob:
     """The job that scores each of ``documents`` against ``query`` on a reranker, each pair in the file's rerank
     prompt, else in its tokenizer's pair layout; with ``max_document_tokens``, a longer document is cut to that
-    many tokens first. 400 if the model is no reranker, or a pair is empty or does not fit its context."""
+    many tokens first. 400 if the model is no reranker, a pair is empty or does not fit its context, or the pairs
+    come to more than ``budget`` tokens."""
     engine = model.engine
     if not engine.reranker:
         raise invalid(f"model {model.id!r} is not a reranker: its file does not score by rank", param="model")
@@ -329,11 +346,16 @@ def plan_rerank(model: LoadedModel, query: str, documents: Sequence[str], param:
             return tokenizer.encode(template.replace("{query}", query).replace("{document}", document))
         return tokenizer.pair(query, document)
 
+    fewest = 0
     for index, document in enumerate(documents):
-        if max_document_tokens is None and tokenizer.fewest_tokens(query + document) > context:
+        pair_fewest = tokenizer.fewest_tokens(query + document)
+        if max_document_tokens is None and pair_fewest > context:
             raise invalid(f"document {index} with the query cannot fit this model's context of {context} tokens",
                           param=param, code="context_length_exceeded")
+        fewest += pair_fewest if max_document_tokens is None else min(pair_fewest, max_document_tokens)
+    _check_budget(fewest, budget, param, floor=True)  # before seconds of tokenizing
     token_lists = offload.call(model.prep, lambda: [pair(document) for document in documents])
+    _check_budget(sum(map(len, token_lists)), budget, param)
     for index, tokens in enumerate(token_lists):
         if not tokens:
             raise invalid(f"document {index} with the query makes no tokens", param=param)

@@ -130,14 +130,15 @@ def start_later(request: GenerationRequest) -> Callable[[Callable[[], bool]], Se
 
 def start_embedding(model_id: str, inputs: Sequence[Prompt], param: str, truncate: bool = False) -> Session:
     """Admit and plan the embedding of ``inputs`` (with ``truncate``, cut to the context); return its session."""
-    scope = cache_scope()
-    return _start(model_id, lambda model: plan_embedding(model, inputs, param, truncate, scope))
+    scope, budget = cache_scope(), state().settings.max_request_tokens
+    return _start(model_id, lambda model: plan_embedding(model, inputs, param, budget, truncate, scope))
 
 
 def start_rerank(model_id: str, query: str, documents: Sequence[str], param: str,
                  max_document_tokens: Optional[int] = None) -> Session:
     """Admit and plan the scoring of ``documents`` against ``query`` (see plan_rerank); return its session."""
-    return _start(model_id, lambda model: plan_rerank(model, query, documents, param, max_document_tokens))
+    budget = state().settings.max_request_tokens
+    return _start(model_id, lambda model: plan_rerank(model, query, documents, param, budget, max_document_tokens))
 
 
 def cache_scope() -> str:

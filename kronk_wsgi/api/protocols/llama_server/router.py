@@ -7,11 +7,13 @@ timeout.
 """
 
 import time
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import gevent
 from flask import jsonify, request
 
+from ....config import ModelSpec
 from ....serving import offload
 from ....serving.pool import ModelPool
 from ...body import parse_body
@@ -49,9 +51,14 @@ def _card(model_id: str) -> dict:
     spec = kronk.models.models().get(model_id)
     loaded = kronk.pool.loaded_model(model_id)
     return {"id": model_id, "object": "model", "owned_by": "kronk_wsgi", "created": loaded.created if loaded else 0,
-            "aliases": [model_id], "tags": [], "path": spec.describe() if spec is not None else model_id,
+            "aliases": [model_id], "tags": [], "path": _shown_path(spec) if spec is not None else model_id,
             "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
             "status": status(kronk.pool, model_id)}
+
+
+def _shown_path(spec: ModelSpec) -> str:
+    """Where a model comes from, as /props shows it: a local file by its name alone (never the server's folders)."""
+    return Path(spec.path).name if spec.path is not None else spec.describe()
 
 
 def _all_models() -> list[str]:

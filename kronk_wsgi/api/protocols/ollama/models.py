@@ -3,6 +3,7 @@ delete and copy."""
 
 import hashlib
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
@@ -33,9 +34,19 @@ NEVER = "2318-01-01T00:00:00Z"  # expires_at of a model kept loaded for good (Ol
 ALIASES = "ollama-aliases.json"  # /api/copy's names, in the cache directory: every worker and restart sees them
 
 
+# A name /api/copy makes, as Ollama's names go: up to three parts of letters, digits, '_', '.' and '-' separated
+# by '/', and a tag; no part starts with '.' or '-' (so no path, ``../x``, leads anywhere).
+COPY_NAME = re.compile(r"[A-Za-z0-9_][\w.-]{0,79}(?:/[A-Za-z0-9_][\w.-]{0,79}){0,2}(?::[A-Za-z0-9_][\w.-]{0,79})?")
+
+
 def _name(model_id: str) -> str:
     """A model id as Ollama's clients show it: with a tag."""
     return model_id if ":" in model_id.rsplit("/", 1)[-1] else model_id + ":latest"
+
+
+def _alias_key(name: str) -> str:
+    """A name as copies are kept by, as Ollama compares names: case-insensitive, no tag meaning ``latest``."""
+    return _name(name).lower()
 
 
 def _aliases() -> dict[str, str]:
@@ -81,7 +92,7 @@ def _find(registry: ModelRegistry, name: str) -> Optional[str]:
     found = _configured(registry.configured, name)
     if found is not None:
         return found
-    alias = _aliases().get(name)
+    alias = _aliases().get(_alias_key(name))
     if alias is not None:
         return _configured(registry.configured, alias) or (registry.find(alias) if alias != name else None)
     return registry.find(name)
@@ -137,8 +148,10 @@ def _digest(path: Optional[Path]) -> str:
     return hashlib.sha256(f"{blob}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
 
 
-def _listing(models: dict[str, ModelSpec]) -> list[dict]:
-    """Runs in a worker thread: every model a client can name, configured and pulled, as /api/tags lists them."""
+def _listing(registry: ModelRegistry) -> list[dict]:
+    """Runs in a worker thread: every model a client can name, configured, pulled and copied, as /api/tags lists
+    them."""
+    models = registry.models()
     rows, seen = [], set()
     for model_id, spec in list(models.items()):
         found = _facts(spec)
@@ -154,6 +167,12 @@ def _listing(models: dict[str, ModelSpec]) -> list[dict]:
         except (OSError, BadModelFile):
             continue
         rows.append(_tag_row(canonical_name(cached.repo_id, cached.filename), cached.path, facts))
+    by_name = {row["name"]: row for row in rows}
+    for copy_name, model_id in _aliases().items():
+        found = _find(registry, model_id)
+        source = by_name.get(_name(found)) if found is not None else None
+        if source is not None and copy_name not in by_name:
+            rows.append({**source, "name": copy_name, "model": copy_name})
     return rows
 
 
@@ -174,7 +193,7 @@ def version():
 @bp.route("/api/tags", methods=["GET", "HEAD"])
 def tags():
     """Configured models and the GGUF files in the hub's cache."""
-    return jsonify({"models": offload.call(gevent.get_hub().threadpool, _listing, state().models.models())})
+    return jsonify({"models": offload.call(gevent.get_hub().threadpool, _listing, state().models)})
 
 
 @bp.get("/api/ps")
@@ -303,8 +322,8 @@ def delete():
     body = parse_body(Named, json_type=False)
     name = body.named
     aliases = _aliases()
-    if name in aliases:
-        del aliases[name]
+    if _alias_key(name) in aliases:
+        del aliases[_alias_key(name)]
         offload.call(gevent.get_hub().threadpool, _write_aliases, aliases)
         return Response(status=200)
     model_id = model_id_of(name)
@@ -336,13 +355,16 @@ def _remove_file(spec: ModelSpec) -> None:
 def copy():
     """Another name for a model, kept in the cache directory for every worker."""
     body = parse_body(CopyBody, json_type=False)
-    model_id_of(body.source)
+    if not COPY_NAME.fullmatch(body.destination):
+        raise invalid(f"{body.destination[:100]!r} is not a model name: letters, digits, '_', '.' and '-', up to "
+                      "three parts separated by '/', and a tag after ':'", param="destination")
+    model_id = model_id_of(body.source)
     models = state().models.configured
     if offload.call(gevent.get_hub().threadpool, _configured, models, body.destination) is not None:
         raise invalid(f"{body.destination!r} already answers for a model: a copy cannot take its name",
                       param="destination")
     aliases = _aliases()
-    aliases[body.destination] = aliases.get(body.source, body.source)
+    aliases[_alias_key(body.destination)] = model_id
     offload.call(gevent.get_hub().threadpool, _write_aliases, aliases)
     return Response(status=200)
 

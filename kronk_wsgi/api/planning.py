@@ -315,7 +315,7 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, bud
         if isinstance(given, str) and not truncate and model.engine.tokenizer.fewest_tokens(given) > context:
             raise invalid(f"input {index} cannot fit this model's context of {context} tokens",
                           param=param, code="context_length_exceeded")
-        tokens = model.tokenize(given) if isinstance(given, str) else known_ids(model.engine.tokenizer.vocab_size, given, param)
+        tokens = model.tokenize(given) if isinstance(given, str) else known_ids(model.engine.tokenizer.vocab_size, given, param, indexed=False)
         if truncate:
             tokens = tokens[:context]
         if len(tokens) > context:
@@ -485,7 +485,7 @@ def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, Rende
     """One prompt's tokens, ``after_prompt`` text included; 400 if it leaves no room for a token of the reply."""
     param = request.prompt_param
     if isinstance(prompt, list):
-        tokens = known_ids(model.engine.tokenizer.vocab_size, prompt, param)
+        tokens = known_ids(model.engine.tokenizer.vocab_size, prompt, param, indexed=False)
     else:
         rendered = prompt if isinstance(prompt, RenderedPrompt) else RenderedPrompt(prompt)
         full = rendered.text + after_prompt
@@ -562,13 +562,15 @@ def _check_ref_cycles(schema: dict, param: str, what: str) -> None:
             pending.extend(node)
 
 
-def known_ids(vocab_size: int, ids: Sequence[int], param: str) -> list[int]:
-    """Token ids given by the client (in ``param``), taken as they are; 400 naming the first that is not in a
-    vocabulary of ``vocab_size``. Every protocol's ids pass here before anything reads them."""
+def known_ids(vocab_size: int, ids: Sequence[int], param: str, indexed: bool = True) -> list[int]:
+    """Token ids given by the client, taken as they are; 400 naming the first that is not in a vocabulary of
+    ``vocab_size``: by its index in ``param`` if ``indexed`` (``ids`` is that field's value), else by ``param``
+    alone (one of the field's prompts). Every protocol's ids pass here before anything reads them."""
     for index, token in enumerate(ids):
         if not 0 <= token < vocab_size:
-            raise invalid(f"{param}[{index}]: {token} is not a token id of this model (its vocabulary has "
-                          f"{vocab_size})", param=f"{param}[{index}]")
+            place = f"{param}[{index}]" if indexed else param
+            raise invalid(f"{place}: {token} is not a token id of this model (its vocabulary has {vocab_size})",
+                          param=place)
     return list(ids)
 
 

@@ -193,34 +193,59 @@ def test_slots_share_decode_calls(smollm2):
     assert calls < 3 * (steps - 1), calls
 
 
-def test_a_long_prefill_rides_along_with_a_running_stream(smollm2):
+def test_a_long_prefill_rides_along_with_a_running_stream(smollm2, monkeypatch):
     """A new prompt's chunks go into the calls that carry the running stream's tokens: the stream is never
-    held up for more than one chunk, and the prefill costs no calls of its own while the stream runs."""
+    held up for more than one chunk, even by a prompt that arrives while the stream's own call runs (it took
+    that for a slot decoding alone, and went in a call of BATCH tokens the stream waited for), and the prefill
+    costs no calls of its own while the stream runs."""
     engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=2048)
     running, joining = engine.new_slots(2, 1)
-    tokenizer = engine.tokenizer
+    tokenizer, batcher = engine.tokenizer, engine._batcher
     no_end = tuple((t, -100.0) for t in tokenizer.end_ids)
     long_prompt = tokenizer.prompt(" ".join(f"item {i}" for i in range(350)))
     chunks = -(-len(long_prompt) // llamacpp_engine.SHARED_CHUNK)  # beside a running stream
     steps = chunks + 10  # the stream outlasts the prefill
-    started = threading.Event()
+    started, arrives = threading.Event(), threading.Event()
+    arrivals: list[float] = []
+    sizes: list[int] = []  # the joining prompt's tokens in each call
+    decode = batcher._decode
+
+    def timed(calls) -> None:
+        if started.is_set() and not arrives.is_set():  # the stream's call, the prompt not sent yet
+            time.sleep(2 * llamacpp_engine.GATHER_SECONDS)  # past the gather deadline of the call before
+            arrives.set()
+            deadline = time.monotonic() + 30
+            while not any(call.seq == joining._seq for call in batcher.waiting) and time.monotonic() < deadline:
+                time.sleep(0.001)  # until the prompt's first call waits
+        decode(calls)
+        sizes.extend(len(call.tokens) for call in calls if call.seq == joining._seq)
+
+    monkeypatch.setattr(batcher, "_decode", timed)
 
     def stream():
-        decode = DecodeOptions(tokenizer.end_ids, steps, SamplingParams(temperature=0, logit_bias=no_end))
-        generation = Generation(running, tokenizer.prompt("Count slowly:"), tokenizer, decode, 2048)
+        options = DecodeOptions(tokenizer.end_ids, steps, SamplingParams(temperature=0, logit_bias=no_end))
+        generation = Generation(running, tokenizer.prompt("Count slowly:"), tokenizer, options, 2048)
         for _ in generation:
+            arrivals.append(time.perf_counter())
             started.set()
         return generation.completion_tokens
 
     with ThreadPoolExecutor(2) as pool:
         produced = pool.submit(stream)
-        started.wait(60)
-        before = engine._batcher.calls
+        arrives.wait(60)
+        before = batcher.calls
         joining.prefill(long_prompt)
-        during = engine._batcher.calls - before
+        during = batcher.calls - before
         assert produced.result() == steps
     # Alone, the prefill would take `chunks` calls and the stream one call per token: together they share them.
     assert during <= chunks + 2, (during, chunks)
+    assert max(sizes) <= llamacpp_engine.SHARED_CHUNK, sizes
+    # What the promise is for: the stream's largest gap stays well below a call of BATCH tokens.
+    largest_gap = max(b - a for a, b in zip(arrivals, arrivals[1:]))
+    joining.truncate(0)
+    begun = time.perf_counter()
+    joining.prefill(long_prompt[:llamacpp_engine.BATCH])
+    assert largest_gap < time.perf_counter() - begun, largest_gap
 
 
 def test_a_prompt_alone_goes_in_large_calls_that_a_cancel_aborts(smollm2):

@@ -316,9 +316,9 @@ class _Batcher:
         return self._last_end + GATHER_SECONDS
 
     def alone(self, seq: int) -> bool:
-        """Whether sequence ``seq`` is the only one decoding: no other is waiting, and the others of the
-        last call, if any, did not come back by the gather deadline."""
-        if any(call.seq != seq for call in self.waiting):
+        """Whether sequence ``seq`` is the only one decoding: no other is waiting or in the call under way, and
+        the others of the last call, if any, did not come back by the gather deadline."""
+        if any(call.seq != seq for call in self.waiting + self.running):
             return False
         return self._last_round <= {seq} or _monotonic() > self.gather_deadline()
 

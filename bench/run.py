@@ -5,6 +5,7 @@
     python bench/run.py --storm
     python bench/run.py --idle
     python bench/run.py --stalls
+    python bench/run.py --joining
     python bench/run.py --grammar [--tokens 200]
     python bench/run.py --engines [--tokens 100] [--rounds 7] [--llama-server PATH]
     python bench/run.py --chunks
@@ -66,7 +67,7 @@ from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
 from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, metric, run_llama_server, run_server  # noqa: E402
 from kronk_wsgi.testing.balancers import run_nginx, run_router  # noqa: E402
 from kronk_wsgi.testing.storm import storm  # noqa: E402
-from stalls import stall_probes  # noqa: E402
+from stalls import joining_prompt, stall_probes  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
 
@@ -824,6 +825,7 @@ def main() -> None:
     parser.add_argument("--storm", action="store_true", help="the eight-body storm instead")
     parser.add_argument("--idle", action="store_true", help="3,000 idle connections instead")
     parser.add_argument("--stalls", action="store_true", help="the hostile requests that once stalled a worker instead")
+    parser.add_argument("--joining", action="store_true", help="a prompt joining a stream on Gemma 3 instead")
     parser.add_argument("--grammar", action="store_true", help="the cost of constrained decoding instead")
     parser.add_argument("--engines", action="store_true", help="ctransformers, llama.cpp (and llama-server) instead")
     parser.add_argument("--conversations", action="store_true", help="six conversations beyond two slots instead")
@@ -839,7 +841,7 @@ def main() -> None:
     chosen = {
         "engines": lambda: engines_side_by_side(args.tokens, args.llama_server, args.rounds),
         "storm": body_storm, "idle": idle_flood, "grammar": lambda: grammar_cost(args.tokens),
-        "chunks": prefill_chunks, "stalls": stall_probes, "conversations": lambda: conversations(args.llama_server),
+        "chunks": prefill_chunks, "stalls": stall_probes, "joining": joining_prompt, "conversations": lambda: conversations(args.llama_server),
         "agent": agent_prompt, "next_turns": lambda: next_turns(args.llama_server, args.rounds), "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
         "speculative": lambda: speculative_side_by_side(args.tokens, args.llama_server, args.rounds),
     }

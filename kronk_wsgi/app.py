@@ -3,7 +3,6 @@
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import gevent
 import structlog
 from flask import Blueprint, Flask, request
 from flask_cors import CORS
@@ -20,7 +19,7 @@ from .api.state import KronkState
 from .config import LOOPBACK_HOSTS, FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
 from .logs import configure_logging
 from .metrics import Metrics
-from .serving.pool import ModelPool, ModelUnavailable
+from .serving.pool import ModelPool
 
 log = structlog.get_logger("kronk_wsgi.app")
 
@@ -30,7 +29,9 @@ class Kronk:
 
     Reads the KRONK_* keys of app.config (see the README's configuration
     table); state lives in ``app.extensions["kronk"]``, so several apps per
-    process each get their own models. The routes, their request hooks and
+    process each get their own models. It registers and starts nothing: the
+    default model loads when the server starts a worker, else on the app's
+    first request to these routes (``KronkState.start``). The routes, their request hooks and
     their error handlers belong to one blueprint, mounted at ``url_prefix``
     (``/v1/...`` by default; ``"/llm"`` gives ``/llm/v1/...``).
     """
@@ -69,16 +70,6 @@ class Kronk:
         origins = settings.cors_origins if "*" in settings.cors_origins else [*settings.cors_origins, *hooks.LOCAL_ORIGINS]
         CORS(api, origins=origins, expose_headers=["X-Request-ID", "request-id"], max_age=600)
         app.register_blueprint(api, url_prefix=prefix or None)
-        gevent.spawn(_warm_up, pool, settings.default_model)
-
-
-def _warm_up(pool: ModelPool, model_id: str) -> None:
-    """Load the default model when the worker starts, not on the first request."""
-    try:
-        with pool.use(model_id):
-            pass
-    except ModelUnavailable:
-        pass  # logged by the pool; readiness reports it
 
 
 def create_app(config: Optional[Mapping[str, Any]] = None) -> Flask:

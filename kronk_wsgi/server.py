@@ -48,11 +48,12 @@ def child_exit(server, worker) -> None:
 
 
 def post_worker_init(worker) -> None:
-    """Begin the app's drain the moment gunicorn tells the worker to stop (SIGTERM, or a reload); the first
-    worker says what is served once its default model is loaded."""
+    """Load the default model; begin the app's drain the moment gunicorn tells the worker to stop (SIGTERM, or a
+    reload); the first worker says what is served once its default model is loaded."""
     import gevent
 
     kronk = worker.wsgi.extensions["kronk"]
+    kronk.start()
 
     def watch() -> None:
         while worker.alive:

@@ -181,8 +181,11 @@ def test_readiness_reports_a_default_model_that_cannot_load(tmp_path):
     app = Flask("broken")
     app.config["KRONK_MODELS"] = {"gone": {"path": str(tmp_path / "missing.gguf")}}
     Kronk(app)
-    gevent.sleep(0.1)
-    response = app.test_client().get("/v1/readiness")
+    assert not app.extensions["kronk"].started  # init_app registers; the first request starts the load
+    deadline = time.monotonic() + 60
+    while (response := app.test_client().get("/v1/readiness")).json["status"] == "loading":
+        assert time.monotonic() < deadline
+        gevent.sleep(0.05)
     assert response.status_code == 503
     assert response.json["status"] == "failed" and "not found" in response.json["error"]
     chat = app.test_client().post("/v1/chat/completions", json={"model": "gone", "messages": [{"role": "user", "content": "x"}]})

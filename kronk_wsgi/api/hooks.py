@@ -106,6 +106,7 @@ def _one_of(given: str, keys: list[str]) -> bool:
 
 
 def _start() -> None:
+    state().start()
     structlog.contextvars.clear_contextvars()
     request_id = request.headers.get("X-Request-ID", "")[:128] or uuid.uuid4().hex
     rule = request.url_rule.rule if request.url_rule else "unmatched"  # a bounded label: never the raw path

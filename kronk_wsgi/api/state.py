@@ -5,13 +5,14 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Optional
 
+import gevent
 from flask import current_app, g, request
 from gevent.threadpool import ThreadPool
 
 from ..config import Settings
 from ..metrics import Metrics
 from ..model_registry import ModelRegistry
-from ..serving.pool import ModelPool
+from ..serving.pool import ModelPool, ModelUnavailable
 from ..serving.session import GenerationStats, Session
 from .response_store import ResponseStore
 from .sealing import Sealer
@@ -38,6 +39,21 @@ class KronkState:
     open_requests: "weakref.WeakSet[RequestRecord]" = dataclasses.field(default_factory=weakref.WeakSet)
     background: "dict[str, BackgroundRun]" = dataclasses.field(default_factory=dict)  # running here, by response id
     beating: bool = False  # a greenlet stores this worker's heartbeat for its background runs
+    started: bool = False  # the default model's load has begun (start)
+
+    def start(self) -> None:
+        """Begin loading the default model, once: as the server starts each worker (post_worker_init), or with an
+        embedded app's first request to these routes (the request hooks), or when the host app asks."""
+        if not self.started:
+            self.started = True
+            gevent.spawn(self._load_default)
+
+    def _load_default(self) -> None:
+        try:
+            with self.pool.use(self.settings.default_model):
+                pass
+        except ModelUnavailable:
+            pass  # logged by the pool; readiness reports it
 
     @property
     def models(self) -> ModelRegistry:

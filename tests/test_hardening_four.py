@@ -4,6 +4,7 @@ bounded before they are parsed. Each test failed on the code before its fix."""
 import json
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -15,6 +16,9 @@ from kronk_wsgi.app import create_app
 from kronk_wsgi.config import ConfigError, settings_from_config
 from kronk_wsgi.engine import llamacpp_engine
 from kronk_wsgi.testing import run_server
+from kronk_wsgi.testing.random_models import write_reranker
+
+from .support.liveness import liveness_during
 
 needs_llamacpp = pytest.mark.skipif(not llamacpp_engine.available() and not os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP"),
                                     reason="llama-cpp-python is not installed")
@@ -132,8 +136,6 @@ def test_slot_files_are_the_owners_and_never_reached_through_a_link(tiny_model, 
 
 @needs_llamacpp
 def test_a_rerank_or_embedding_request_has_a_token_budget(smollm2, tmp_path):
-    from kronk_wsgi.testing.random_models import write_reranker
-
     models = {"ranker": {"path": str(write_reranker(tmp_path / "ranker.gguf", smollm2)), "engine": "llama.cpp"},
               "tiny": {"path": str(smollm2), "engine": "llama.cpp", "context_length": 512}}
     env = {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "tiny", "KRONK_MAX_REQUEST_TOKENS": 1000}
@@ -160,10 +162,6 @@ def test_a_body_of_more_strings_than_values_allowed_is_refused_before_it_is_pars
 
 def test_eight_bodies_of_200000_messages_do_not_stall_the_worker(tiny_model, tmp_path):
     """Each was parsed whole (100 ms of the GIL for each 4 MB) before its values were counted."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .support.liveness import liveness_during
-
     body = json.dumps({"model": "tiny", "messages": HI * 200_000, "max_tokens": 2}, separators=(",", ":"))
     with run_server(tmp_path, {"KRONK_MODELS": f"tiny={tiny_model}"}) as server:
         def send() -> list[int]:

@@ -306,16 +306,17 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, bud
         raise invalid(f"model {model.id!r} is a reranker: it scores documents against a query (POST /v1/rerank) and "
                       "gives no embeddings", param="model")
     context, tokenizer = model.engine.context_length, model.engine.tokenizer
-    fewest = sum(len(given) if not isinstance(given, str) else
-                 min(tokenizer.fewest_tokens(given), context) if truncate else tokenizer.fewest_tokens(given)
-                 for given in inputs)
-    _check_budget(fewest, budget, param, floor=True)  # before seconds of tokenizing
-    token_lists = []
-    for index, given in enumerate(inputs):
-        if isinstance(given, str) and not truncate and model.engine.tokenizer.fewest_tokens(given) > context:
+    fewest = [tokenizer.fewest_tokens(given) if isinstance(given, str) else len(given) for given in inputs]
+    for index, (given, floor) in enumerate(zip(inputs, fewest)):
+        if isinstance(given, str) and not truncate and floor > context:
             raise invalid(f"input {index} cannot fit this model's context of {context} tokens",
                           param=param, code="context_length_exceeded")
-        tokens = model.tokenize(given) if isinstance(given, str) else known_ids(model.engine.tokenizer.vocab_size, given, param, indexed=False)
+    # Before seconds of tokenizing: a truncated input gives at most the context.
+    _check_budget(sum(min(floor, context) if truncate else floor for floor in fewest), budget, param, floor=True)
+    token_lists = []
+    for index, given in enumerate(inputs):
+        tokens = (model.tokenize(given) if isinstance(given, str)
+                  else known_ids(tokenizer.vocab_size, given, param, indexed=False))
         if truncate:
             tokens = tokens[:context]
         if len(tokens) > context:
@@ -462,10 +463,8 @@ def _sampling(model: LoadedModel, sampling: SamplingParams) -> SamplingParams:
     if problem is not None:
         name, why = problem
         raise invalid(f"{name} {why}", param=name)
-    vocab = model.engine.tokenizer.vocab_size
-    for token, _ in sampling.logit_bias:
-        if token >= vocab:
-            raise invalid(f"logit_bias: {str(token)!r} is not a token id of this model", param="logit_bias")
+    known_ids(model.engine.tokenizer.vocab_size, [token for token, _ in sampling.logit_bias], "logit_bias",
+              indexed=False)
     return sampling
 
 

@@ -168,9 +168,8 @@ def _listing(registry: ModelRegistry) -> list[dict]:
             continue
         rows.append(_tag_row(canonical_name(cached.repo_id, cached.filename), cached.path, facts))
     by_name = {row["name"]: row for row in rows}
-    for copy_name, model_id in _aliases().items():
-        found = _find(registry, model_id)
-        source = by_name.get(_name(found)) if found is not None else None
+    for copy_name, model_id in _aliases().items():  # each a model id, listed above as _name(model_id) if still there
+        source = by_name.get(_name(model_id))
         if source is not None and copy_name not in by_name:
             rows.append({**source, "name": copy_name, "model": copy_name})
     return rows
@@ -321,9 +320,9 @@ def delete():
     """Remove a pulled model's file from the hub's cache, or a name /api/copy made."""
     body = parse_body(Named, json_type=False)
     name = body.named
-    aliases = _aliases()
-    if _alias_key(name) in aliases:
-        del aliases[_alias_key(name)]
+    aliases, key = _aliases(), _alias_key(name)
+    if key in aliases:
+        del aliases[key]
         offload.call(gevent.get_hub().threadpool, _write_aliases, aliases)
         return Response(status=200)
     model_id = model_id_of(name)

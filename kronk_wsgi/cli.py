@@ -7,25 +7,32 @@ import subprocess
 import sys
 from typing import Optional
 
-from .config import DEMO_MODEL_ID, ConfigError, config_key, read_config, settings_from_config
+from .config import DEMO_MODEL_ID, ConfigError, Settings, config_key, read_config, settings_from_config
 
 # How long a first start waits for the hub to answer at all before it looks in the cache alone.
 FIRST_PULL_TIMEOUT = 5.0
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _settings(args: argparse.Namespace, flags: dict) -> tuple[Optional[dict], Optional[Settings]]:
+    """The configuration and the settings, the flags on top (the environment carries them, as gunicorn's workers
+    re-read it); (None, None) once a configuration error is told."""
     if args.config:
         os.environ["KRONK_CONFIG"] = args.config
-    # Flags are the top layer: the workers re-read the environment, so flags go there.
-    flags = {"bind": args.bind, "workers": args.workers, "parallel": args.parallel, "models": args.model}
     for name, value in flags.items():
         if value is not None:
             os.environ[config_key(name)] = ",".join(value) if isinstance(value, list) else str(value)
     try:
         raw = read_config()
-        settings = settings_from_config(raw)
+        return raw, settings_from_config(raw)
     except ConfigError as exc:
         print(f"kronk-wsgi: {exc}", file=sys.stderr)
+        return None, None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    raw, settings = _settings(args, {"bind": args.bind, "workers": args.workers, "parallel": args.parallel,
+                                     "models": args.model})
+    if settings is None:
         return 2
     if args.demo:
         os.environ[config_key("models")] = json.dumps({DEMO_MODEL_ID: {"demo": "tiny"}})
@@ -38,6 +45,21 @@ def _serve(args: argparse.Namespace) -> int:
                "graceful_timeout": graceful_timeout(settings.drain_timeout)}
     KronkApplication(options).run()
     return 0
+
+
+def _grpc(args: argparse.Namespace) -> int:
+    from gevent import monkey
+
+    monkey.patch_all()  # before gRPC is imported: its calls run as greenlets
+    _, settings = _settings(args, {"parallel": args.parallel, "models": args.model})
+    if settings is None:
+        return 2
+    try:
+        from .grpc_worker.server import serve
+    except ImportError as exc:
+        print(f"kronk-wsgi: the gRPC worker needs its extra (pip install 'kronk_wsgi[grpc]'): {exc}", file=sys.stderr)
+        return 2
+    return serve(settings, args.bind, args.http)
 
 
 def _first_run_models(name: str) -> dict:
@@ -175,6 +197,14 @@ def main(argv=None) -> int:
     serve.add_argument("--model", action="append", metavar="ID=PATH", help="serve a model file (repeatable)")
     serve.add_argument("--demo", action="store_true", help="serve the generated demo model (random text), offline")
     serve.set_defaults(run=_serve)
+    worker = commands.add_parser("grpc", help="serve the default model as a gRPC worker (SGLang's engine protocol)")
+    worker.add_argument("--bind", default="127.0.0.1:30000", help="HOST:PORT of the gRPC service (default %(default)s)")
+    worker.add_argument("--http", metavar="HOST:PORT", help="also serve GET /health and GET /metrics here")
+    worker.add_argument("--parallel", type=int, help="slots (default 1)")
+    worker.add_argument("--config", help="a TOML configuration file")
+    worker.add_argument("--model", action="append", metavar="ID=PATH", help="serve a model file (the first is the "
+                                                                           "default)")
+    worker.set_defaults(run=_grpc)
     inspect = commands.add_parser("inspect", help="what a GGUF model file holds, and whether the engine runs it")
     inspect.add_argument("path")
     inspect.add_argument("--context-length", type=int, help="the context to estimate memory for (default: the file's)")

@@ -116,6 +116,8 @@ class GenerationRequest:
     token_ids: bool = False  # each generated token's id is reported (TokenIds)
     not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run (said, not hidden)
     ignore_eos: bool = False  # the reply goes on past end tokens, to max_tokens (SGLang's and vLLM's field)
+    stop_ids: tuple[int, ...] = ()  # tokens that end the reply as the model's end tokens do
+    min_tokens: int = 0  # the reply does not end at an end token before this many tokens
     context: Optional[int] = None  # a smaller context window than the model's, prompt and reply (Ollama's num_ctx)
     context_param: str = "num_ctx"
     # Hints of what the prompt cache should keep: the conversation's prefix through each of these many
@@ -214,8 +216,9 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     room = context - max(map(len, token_lists))
     asked = request.max_tokens if request.max_tokens is not None else model.max_tokens
     limit = room if asked is None else min(asked, room)  # clamped, as llama-server does
+    stop_ids = frozenset(known_ids(tokenizer.vocab_size, request.stop_ids, "stop_token_ids", indexed=False))
     decode = DecodeOptions(
-        end_ids=frozenset() if request.ignore_eos else model.end_ids,
+        end_ids=stop_ids | (frozenset() if request.ignore_eos else model.end_ids), min_tokens=request.min_tokens,
         end_texts=() if request.ignore_eos else model.end_texts,
         max_tokens=limit,
         sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),

@@ -84,8 +84,9 @@ class DecodeOptions:
     """How a reply is decoded, the same for each reply of a request.
 
     Decoding stops at any of ``end_ids`` (EOS and the end-of-turn tokens),
-    which never reach the text, and at any of ``end_texts``, which do not
-    either; other control tokens add no text either,
+    which never reach the text, but not before ``min_tokens`` tokens, and at
+    any of ``end_texts``, which do not reach it either; other control tokens
+    add no text either,
     except those in ``shown`` (a tag a parser reads that is a control token).
     With a ``grammar`` only tokens it allows are sampled, and decoding stops
     when it is complete; with ``constrain_after`` too, the constraint starts
@@ -104,6 +105,7 @@ class DecodeOptions:
 
     end_ids: frozenset[int]
     max_tokens: int
+    min_tokens: int = 0
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     end_texts: tuple[str, ...] = ()  # text that ends the reply as an end token does (a marker not in the vocabulary)
@@ -230,6 +232,9 @@ class Generation:
             if forced is not None:
                 mask = np.zeros(len(logits), dtype=bool)
                 mask[forced] = True
+            elif self.completion_tokens < options.min_tokens and options.end_ids:
+                mask = np.ones(len(logits), dtype=bool) if mask is None else mask.copy()
+                mask[list(options.end_ids)] = False
             token = sampler.sample(logits, mask)
             if options.top_logprobs is not None and token not in options.end_ids:
                 logprob, top = logprobs(logits, token, options.top_logprobs)

@@ -313,6 +313,13 @@ class PromptCache:
         return (sum(len(e.state) for e in list(self._ram.values())),
                 sum(e.size for e in list(self._disk.values())))
 
+    def clear_ram(self) -> None:
+        """Drop every state held in RAM (a gateway's flush); the disk tier keeps its files."""
+        with self._lock:
+            self._counts.evicted_ram += len(self._ram)
+            self._ram.clear()
+            self._index.clear()
+
     def _hold_in_ram(self, key: bytes, entry: Entry) -> None:
         if len(entry.state) > self.ram_bytes:
             return

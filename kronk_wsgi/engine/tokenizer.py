@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import tokenizers
-from tokenizers import models, normalizers, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from .gguf_file import BadModelFile, GGUFFile
 
@@ -251,6 +251,28 @@ class GGUFTokenizer(Tokenizer):
             pipeline.pre_tokenizer = pre_tokenizer
         pipeline.add_tokens(added)
         return pipeline
+
+    def to_json(self) -> str:
+        """This tokenizer as a ``tokenizer.json`` that the ``tokenizers`` library (and any client built on it, such
+        as a gateway that tokenizes for its workers) reads to the same ids: control tokens as special tokens,
+        BOS and EOS added as prompts get them, and a decoder back to the text."""
+        pipeline = tokenizers.Tokenizer.from_str(self._hf.to_str())
+        pipeline.add_special_tokens([tokenizers.AddedToken(text, normalized=False, special=True)
+                                     for text in sorted(self.control, key=self.control.get)])
+        if self.kind == "gpt2":
+            pipeline.decoder = decoders.ByteLevel()
+        else:
+            steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+            pipeline.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if self.space_prefix else []))
+        single = (["$bos"] if self.add_bos else []) + ["$A"] + (["$eos"] if self.add_eos else [])
+        ends = [(name, i) for name, i, added in (("$bos", self.bos_id, self.add_bos), ("$eos", self.eos_id, self.add_eos))
+                if added]
+        if ends:
+            texts = {name: self.texts[i] for name, i in ends}
+            pipeline.post_processor = processors.TemplateProcessing(
+                single=[texts.get(part, part) for part in single],
+                special_tokens=[(self.texts[i], i) for _, i in ends])
+        return pipeline.to_str()
 
     def _spm(self, gguf_file: GGUFFile, tokens: list[str], types: list[int]):
         scores = gguf_file.get("tokenizer.ggml.scores")

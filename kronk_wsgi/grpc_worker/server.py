@@ -1,0 +1,101 @@
+"""``kronk-wsgi grpc``: the gRPC worker process, with health and metrics on a small HTTP side port.
+
+gevent must have patched the process before this module is imported (the
+CLI does it first): gRPC's calls then run as greenlets, on gevent's loop.
+"""
+
+import signal
+from concurrent import futures
+from typing import Optional
+
+import gevent
+import gevent.event
+import grpc
+import grpc.experimental.gevent
+import structlog
+from gevent.pywsgi import WSGIServer
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+from ..config import Settings
+from ..logs import configure_logging
+from ..metrics import Metrics
+from ..serving.pool import ModelPool, ModelUnavailable
+from .servicer import SchedulerServicer
+
+log = structlog.get_logger("kronk_wsgi.grpc_worker")
+
+SERVICE = "sglang.grpc.scheduler.SglangScheduler"
+# Calls served at once: each is a greenlet for as long as it streams; admission bounds the work.
+MAX_CALLS = 10_000
+MESSAGE_BYTES = 256 * 1024 * 1024  # a long prompt's ids, a tokenizer bundle
+
+
+def side_app(servicer: SchedulerServicer, metrics: Metrics):
+    """The side port's WSGI app: GET /health (200 while the worker takes calls, else 503) and GET /metrics."""
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
+            return [metrics.exposition()]
+        if path == "/health":
+            healthy, message = servicer.healthy()
+            start_response("200 OK" if healthy else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [message.encode() + b"\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found\n"]
+
+    return app
+
+
+def serve(settings: Settings, bind: str, http_bind: Optional[str]) -> int:
+    """Serve the default model until SIGTERM or SIGINT, then drain as the HTTP server does; the exit status."""
+    grpc.experimental.gevent.init_gevent()
+    configure_logging()
+    metrics = Metrics()
+    pool = ModelPool(settings, metrics)
+    servicer = SchedulerServicer(pool, settings, metrics)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_CALLS), options=[
+        ("grpc.max_send_message_length", MESSAGE_BYTES), ("grpc.max_receive_message_length", MESSAGE_BYTES),
+        ("grpc.keepalive_permit_without_calls", True), ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ])
+    pb_grpc.add_SglangSchedulerServicer_to_server(servicer, server)
+    health_status = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_status, server)
+    for name in ("", SERVICE):
+        health_status.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if not server.add_insecure_port(bind):
+        log.error("grpc bind failed", bind=bind)
+        return 1
+    side = None
+    if http_bind:
+        host, _, port = http_bind.rpartition(":")
+        side = WSGIServer((host or "127.0.0.1", int(port)), side_app(servicer, metrics), log=None)
+        side.start()
+    server.start()
+    stopping = gevent.event.Event()
+    gevent.signal_handler(signal.SIGTERM, stopping.set)
+    gevent.signal_handler(signal.SIGINT, stopping.set)
+    log.info("grpc worker listening", bind=bind, http=http_bind, model=settings.default_model)
+    try:
+        with pool.use(settings.default_model):
+            pass
+    except ModelUnavailable:
+        pass  # logged by the pool; health says why
+    else:
+        for name in ("", SERVICE):
+            health_status.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("grpc worker ready", model=settings.default_model)
+    stopping.wait()
+    log.info("grpc worker stopping", drain_seconds=settings.drain_timeout)
+    for name in ("", SERVICE):
+        health_status.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    pool.drain.begin(settings.drain_timeout)
+    server.stop(settings.drain_timeout + 1).wait()
+    if side is not None:
+        side.stop()
+    pool.write_now()
+    for model in pool.loaded():
+        model.close()
+    return 0

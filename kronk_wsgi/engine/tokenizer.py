@@ -264,14 +264,11 @@ class GGUFTokenizer(Tokenizer):
         else:
             steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
             pipeline.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if self.space_prefix else []))
-        single = (["$bos"] if self.add_bos else []) + ["$A"] + (["$eos"] if self.add_eos else [])
-        ends = [(name, i) for name, i, added in (("$bos", self.bos_id, self.add_bos), ("$eos", self.eos_id, self.add_eos))
-                if added]
-        if ends:
-            texts = {name: self.texts[i] for name, i in ends}
+        added = [i for i, adds in ((self.bos_id, self.add_bos), (self.eos_id, self.add_eos)) if adds]
+        if added:
+            single = [self.texts[self.bos_id]] * self.add_bos + ["$A"] + [self.texts[self.eos_id]] * self.add_eos
             pipeline.post_processor = processors.TemplateProcessing(
-                single=[texts.get(part, part) for part in single],
-                special_tokens=[(self.texts[i], i) for _, i in ends])
+                single=single, special_tokens=[(self.texts[i], i) for i in added])
         return pipeline.to_str()
 
     def _spm(self, gguf_file: GGUFFile, tokens: list[str], types: list[int]):

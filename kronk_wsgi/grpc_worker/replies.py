@@ -22,14 +22,16 @@ class _Choice:
     logprobs: list = dataclasses.field(default_factory=list)  # TokenLogprob of each sampled token
     sent_ids: int = 0
     sent_logprobs: int = 0
+    ended: bool = False
 
 
 class Replies:
     """The messages of one ``Generate`` call, fed its session's events in order."""
 
     def __init__(self, request_id: str, prompt_tokens: int, stream: bool, end_ids: frozenset[int],
-                 logprobs: bool) -> None:
+                 logprobs: bool, choices: int = 1) -> None:
         self.request_id = request_id
+        self.choices = choices
         self.prompt_tokens = prompt_tokens
         self.stream = stream
         self.end_ids = end_ids
@@ -51,6 +53,14 @@ class Replies:
         elif isinstance(event, ChoiceEnd):
             out += self._chunks()
             out.append(self._complete(event))
+        return out
+
+    def aborted(self) -> list[pb.GenerateResponse]:
+        """The end of each choice not ended yet, as an Abort call ends it: finish reason "abort"."""
+        out = self._chunks()
+        for index in range(self.choices):
+            if not self._choice(index).ended:
+                out.append(self._complete(ChoiceEnd("abort", index=index)))
         return out
 
     def _choice(self, index: int) -> _Choice:
@@ -78,6 +88,7 @@ class Replies:
 
     def _complete(self, end: ChoiceEnd) -> pb.GenerateResponse:
         choice = self._choice(end.index)
+        choice.ended = True
         matched: dict = {}
         if end.stop_sequence is not None:
             matched["matched_stop_str"] = end.stop_sequence

@@ -62,7 +62,8 @@ def _refuse_unsupported(call) -> None:
                                                              "are reported (top_logprobs_num)"),
         "logprob_start_len": (call.return_logprob and call.logprob_start_len >= 0,
                               "the prompt's logprobs are not computed (send -1)"),
-        "disaggregated_params": (call.HasField("disaggregated_params") and bool(call.disaggregated_params.bootstrap_host),
+        "disaggregated_params": (call.HasField("disaggregated_params")
+                                 and bool(call.disaggregated_params.bootstrap_host),
                                  "prefill-decode disaggregation is not served"),
         "data_parallel_rank": (call.HasField("data_parallel_rank") and call.data_parallel_rank != 0,
                                "this worker has one rank, 0"),

@@ -84,7 +84,10 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
                 if isinstance(event, Finished):
                     break
             outcome = session.stats.outcome
-            if outcome == "client_gone":
+            if rid in self._aborted:
+                outcome = "aborted"
+                yield from replies.aborted()
+            elif outcome == "client_gone":
                 status = grpc.StatusCode.CANCELLED
         except Abort as exc:
             status = exc.status
@@ -93,7 +96,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         finally:
             if session is not None:
                 session.close()
-                outcome = session.stats.outcome or outcome
+                outcome = outcome if outcome == "aborted" else session.stats.outcome or outcome
             self._running.discard(rid)
             self._aborted.discard(rid)
             self.metrics.requests.labels("grpc:Generate", self.model_id, status.name, outcome).inc()
@@ -132,7 +135,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
                           drain=self.pool.drain, keepalive=settings.keepalive_interval, client_gone=gone,
                           metrics=self.metrics)
         replies = Replies(request.request_id, job.prompt_tokens, request.stream, job.decode.end_ids,
-                          request.return_logprob)
+                          request.return_logprob, choices=len(job.prompts) * job.n)
         return session, replies
 
     def _claim(self, gone: Callable[[], bool]) -> LoadedModel:

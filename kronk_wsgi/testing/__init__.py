@@ -276,3 +276,90 @@ def run_server(tmp_path: Path, env: Mapping[str, object], args: Sequence[str] = 
         yield server
     finally:
         server.stop()
+
+
+class GrpcWorker:
+    """A running `kronk-wsgi grpc` process: its gRPC address and its HTTP side port."""
+
+    def __init__(self, proc: subprocess.Popen, address: str, http: str, log: Path) -> None:
+        self.proc = proc
+        self.address = address  # HOST:PORT
+        self.url = f"grpc://{address}"
+        self.http = http  # http://HOST:PORT, with /health and /metrics
+        self.log = log
+
+    def logs(self) -> str:
+        return self.log.read_text()
+
+    def completed(self) -> list[dict]:
+        """The worker's "generate completed" log entries."""
+        return [json.loads(line) for line in self.logs().splitlines()
+                if line.startswith("{") and '"generate completed"' in line]
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@contextlib.contextmanager
+def run_grpc_worker(tmp_path: Path, env: Mapping[str, object], args: Sequence[str] = (),
+                    root: Path = Path(__file__).resolve().parents[2]) -> Iterator[GrpcWorker]:
+    """Start `kronk-wsgi grpc` with KRONK_* ``env``; wait until its side port says it is healthy (model loaded)."""
+    port, http_port = free_port(), free_port()
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / f"grpc-worker-{port}.log"
+    full_env = {**os.environ, "PYTHONPATH": str(root), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+                "KRONK_THREADS": "1", **{k: str(v) for k, v in env.items()}}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kronk_wsgi.cli", "grpc", "--bind", f"127.0.0.1:{port}",
+             "--http", f"127.0.0.1:{http_port}", *args],
+            env=full_env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+        )
+    worker = GrpcWorker(proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}", log)
+    try:
+        _wait_until_ready(proc, worker.http + "/health", 60, lambda why: f"grpc worker {why}:\n{log.read_text()}")
+        yield worker
+    finally:
+        worker.stop()
+
+
+@contextlib.contextmanager
+def run_smg(worker_urls: Sequence[str], model: str, args: Sequence[str] = (), log: Path = Path(os.devnull)
+            ) -> Iterator[str]:
+    """The Shepherd Model Gateway (`smg launch`) in front of ``worker_urls``, until it tokenizes for ``model``
+    (its workers registered, their tokenizer fetched); its URL."""
+    port = free_port()
+    binary = Path(sys.executable).with_name("smg")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(binary), "launch", "--host", "127.0.0.1", "--port", str(port),
+                                 "--worker-urls", *worker_urls, *args],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"smg exited with {proc.returncode}")
+            try:
+                if requests.post(url + "/v1/tokenize", json={"model": model, "prompt": "ready"},
+                                 timeout=2).status_code == 200:
+                    break
+            except (requests.ConnectionError, requests.Timeout):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("smg not ready after 90 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -338,6 +338,7 @@ def run_smg(worker_urls: Sequence[str], model: str, args: Sequence[str] = (), lo
     binary = Path(sys.executable).with_name("smg")
     with open(log, "w") as out:
         proc = subprocess.Popen([str(binary), "launch", "--host", "127.0.0.1", "--port", str(port),
+                                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                                  "--worker-urls", *worker_urls, *args],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"

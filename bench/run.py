@@ -13,6 +13,7 @@
     python bench/run.py --agent
     python bench/run.py --balancers [--tokens 400] [--rounds 7]
     python bench/run.py --speculative [--tokens 400] [--rounds 3] [--llama-server PATH]
+    python bench/run.py --grpc [--tokens 200] [--rounds 5] [--worker-url grpc://HOST:PORT ...]
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -67,6 +68,7 @@ from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
 from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, metric, run_llama_server, run_server  # noqa: E402
 from kronk_wsgi.testing.balancers import run_nginx, run_router  # noqa: E402
 from kronk_wsgi.testing.storm import storm  # noqa: E402
+from grpc_worker import grpc_side_by_side  # noqa: E402
 from stalls import joining_prompt, stall_probes  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
@@ -834,6 +836,9 @@ def main() -> None:
     parser.add_argument("--agent", action="store_true", help="a 20k-token agent prompt on Gemma 3, resent, instead")
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
     parser.add_argument("--speculative", action="store_true", help="speculative decoding against llama-server's")
+    parser.add_argument("--grpc", action="store_true", help="gRPC workers behind SMG, beside the HTTP server")
+    parser.add_argument("--worker-url", action="append", help="gRPC workers of the model to measure (--grpc): "
+                        "two, serving SmolLM2 as 'bench'; default: two kronk-wsgi grpc workers")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations, "
                         "--next-turns)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of measures (--engines, --balancers)")
@@ -844,6 +849,7 @@ def main() -> None:
         "chunks": prefill_chunks, "stalls": stall_probes, "joining": joining_prompt, "conversations": lambda: conversations(args.llama_server),
         "agent": agent_prompt, "next_turns": lambda: next_turns(args.llama_server, args.rounds), "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
         "speculative": lambda: speculative_side_by_side(args.tokens, args.llama_server, args.rounds),
+        "grpc": lambda: grpc_side_by_side(args.tokens, args.rounds, one_stream, chat_turn, args.worker_url),
     }
     for name, run in chosen.items():
         if getattr(args, name):

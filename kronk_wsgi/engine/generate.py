@@ -105,8 +105,8 @@ class DecodeOptions:
 
     end_ids: frozenset[int]
     max_tokens: int
-    min_tokens: int = 0
     sampling: SamplingParams = SamplingParams()
+    min_tokens: int = 0
     stop: tuple[str, ...] = ()
     end_texts: tuple[str, ...] = ()  # text that ends the reply as an end token does (a marker not in the vocabulary)
     shown: frozenset[int] = frozenset()

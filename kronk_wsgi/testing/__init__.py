@@ -333,11 +333,11 @@ def run_grpc_worker(tmp_path: Path, env: Mapping[str, object], args: Sequence[st
 def run_smg(worker_urls: Sequence[str], model: str, args: Sequence[str] = (), log: Path = Path(os.devnull)
             ) -> Iterator[str]:
     """The Shepherd Model Gateway (`smg launch`) in front of ``worker_urls``, until it tokenizes for ``model``
-    (its workers registered, their tokenizer fetched); its URL."""
+    (its workers registered, their tokenizer fetched); its URL. Run as ``python -m smg``: sglang-router, the
+    gateway before it and also under test here, installs an ``smg`` script of its own."""
     port = free_port()
-    binary = Path(sys.executable).with_name("smg")
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(binary), "launch", "--host", "127.0.0.1", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port),
                                  "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                                  "--worker-urls", *worker_urls, *args],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -346,7 +346,8 @@ def run_smg(worker_urls: Sequence[str], model: str, args: Sequence[str] = (), lo
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"smg exited with {proc.returncode}")
+                tail = log.read_text(errors="replace")[-2000:] if log != Path(os.devnull) else ""
+                raise RuntimeError(f"smg exited with {proc.returncode}: {tail}")
             try:
                 if requests.post(url + "/v1/tokenize", json={"model": model, "prompt": "ready"},
                                  timeout=2).status_code == 200:

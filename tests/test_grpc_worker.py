@@ -19,7 +19,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
 from kronk_wsgi.grpc_worker.replies import Replies
-from kronk_wsgi.grpc_worker.requests import Refused, generation_request
+from kronk_wsgi.grpc_worker.requests import Refused, generation_request, stream_interval
 from kronk_wsgi.serving.events import ChoiceEnd, Finished, Logprobs, PromptCached, TextDelta, TokenIds, \
     TokenLogprob, Usage
 from kronk_wsgi.testing import run_grpc_worker, run_server, run_smg
@@ -91,6 +91,13 @@ def test_what_cannot_be_honoured_is_refused_by_name(change, field):
     assert refused.value.field == field
 
 
+def test_a_stream_interval_is_read_and_checked():
+    assert stream_interval(call()) == 1 and stream_interval(call(stream_interval=4)) == 4
+    with pytest.raises(Refused) as refused:
+        stream_interval(call(stream_interval=0))
+    assert refused.value.field == "sampling_params.stream_interval"
+
+
 # -- writing the replies -------------------------------------------------------------------------------------------
 
 def _logprob(token):
@@ -111,6 +118,26 @@ def test_a_stream_is_chunks_then_each_choices_end():
     (complete,) = [m.complete for m in out if m.HasField("complete")]
     assert complete.finish_reason == "stop" and complete.matched_token_id == 2 and complete.completion_tokens == 2
     assert complete.prompt_tokens == 3 and complete.cached_tokens == 1
+
+
+def test_a_stream_interval_holds_tokens_until_that_many_or_the_end():
+    replies = Replies("r", 3, stream=True, end_ids=frozenset({2}), logprobs=False, stream_interval=3)
+    out = []
+    for event in (TokenIds((10,)), TokenIds((11,)), TokenIds((12,)), TokenIds((13,)), ChoiceEnd("length")):
+        out += replies.feed(event)
+    assert [list(m.chunk.token_ids) for m in out if m.HasField("chunk")] == [[10, 11, 12], [13]]
+
+
+def test_reasoning_tokens_count_the_thinking_to_its_closing_tag():
+    replies = Replies("r", 3, stream=True, end_ids=frozenset({2}), logprobs=False, thinking_end=(7, 8))
+    out = []
+    for event in (TokenIds((10, 7)), TokenIds((11,)), TokenIds((7, 8, 12)), TokenIds((13, 2)), ChoiceEnd("stop")):
+        out += replies.feed(event)
+    assert [m.chunk.reasoning_tokens for m in out if m.HasField("chunk")] == [2, 3, 5, 5]
+    assert out[-1].complete.reasoning_tokens == 5
+    unasked = Replies("r", 3, stream=False, end_ids=frozenset({2}), logprobs=False)
+    unasked.feed(TokenIds((7, 8, 12)))
+    assert unasked.feed(ChoiceEnd("stop"))[0].complete.reasoning_tokens == 0
 
 
 def test_a_whole_answer_is_one_complete_per_choice_with_every_token():
@@ -223,6 +250,11 @@ def test_constraints_and_stops_shape_the_reply(workers, smollm2):
     answers = [m.complete for m in scheduler.Generate(call(prompt, max_new_tokens=4, n=2, temperature=1.0),
                                                        timeout=60)]
     assert sorted(c.index for c in answers) == [0, 1]
+    every_two = call(prompt, stream=True, max_new_tokens=5, temperature=0.0, ignore_eos=True, stream_interval=2)
+    every_two.require_reasoning = True  # SmolLM2 does not think: none of its tokens are reasoning
+    messages = list(scheduler.Generate(every_two, timeout=60))
+    assert [len(m.chunk.token_ids) for m in messages if m.HasField("chunk")] == [2, 2, 1]
+    assert all(m.chunk.reasoning_tokens == 0 for m in messages if m.HasField("chunk"))
 
 
 def test_an_abort_or_a_cancel_stops_the_stream_and_frees_the_slot(workers, smollm2):

@@ -1,9 +1,10 @@
 """A generation's neutral events as the SGLang engine protocol's ``GenerateResponse`` messages.
 
 Streamed, each report of new tokens is a chunk (token ids, their logprobs,
-cumulative counts) and each choice ends with a ``GenerateComplete``; whole,
-each choice is one ``GenerateComplete`` with every token. Ids are what the
-worker sends: the gateway detokenizes them, so text events are not needed.
+cumulative counts; with a ``stream_interval``, once that many tokens are
+unsent) and each choice ends with a ``GenerateComplete``; whole, each choice
+is one ``GenerateComplete`` with every token. Ids are what the worker sends:
+the gateway detokenizes them, so text events are not needed.
 """
 
 import dataclasses
@@ -23,19 +24,26 @@ class _Choice:
     sent_ids: int = 0
     sent_logprobs: int = 0
     ended: bool = False
+    searched: int = 0  # ids before this are known not to end the thinking
+    thinking_ended: Optional[int] = None  # the tokens up to the thinking's end, once it ended
 
 
 class Replies:
     """The messages of one ``Generate`` call, fed its session's events in order."""
 
     def __init__(self, request_id: str, prompt_tokens: int, stream: bool, end_ids: frozenset[int],
-                 logprobs: bool, choices: int = 1) -> None:
+                 logprobs: bool, choices: int = 1, stream_interval: int = 1,
+                 thinking_end: tuple[int, ...] = ()) -> None:
+        """``thinking_end``: the ids of the tag that ends the model's thinking, to count reasoning tokens by
+        (empty: not asked, or the model does not think)."""
         self.request_id = request_id
         self.choices = choices
         self.prompt_tokens = prompt_tokens
         self.stream = stream
         self.end_ids = end_ids
         self.logprobs = logprobs
+        self.stream_interval = stream_interval
+        self.thinking_end = thinking_end
         self.cached_tokens = 0
         self._choices: dict[int, _Choice] = {}
 
@@ -51,13 +59,13 @@ class Replies:
         if isinstance(event, TokenIds):
             self._choice(event.index).ids.extend(event.ids)
         elif isinstance(event, ChoiceEnd):
-            out += self._chunks()
+            out += self._chunks(flush=True)
             out.append(self._complete(event))
         return out
 
     def aborted(self) -> list[pb.GenerateResponse]:
         """The end of each choice not ended yet, as an Abort call ends it: finish reason "abort"."""
-        out = self._chunks()
+        out = self._chunks(flush=True)
         for index in range(self.choices):
             if not self._choice(index).ended:
                 out.append(self._complete(ChoiceEnd("abort", index=index)))
@@ -70,16 +78,35 @@ class Replies:
         """Tokens generated, an end token not counted."""
         return len(choice.ids) - (1 if choice.ids and choice.ids[-1] in self.end_ids else 0)
 
-    def _chunks(self) -> list[pb.GenerateResponse]:
+    def _reasoning_tokens(self, choice: _Choice) -> int:
+        """Tokens of the thinking, its closing tag included: all so far while it has not ended (as SGLang counts
+        them for a call that sets ``require_reasoning``)."""
+        end = self.thinking_end
+        if not end:
+            return 0
+        if choice.thinking_ended is None:
+            ids = choice.ids
+            for start in range(choice.searched, len(ids) - len(end) + 1):
+                if tuple(ids[start:start + len(end)]) == end:
+                    choice.thinking_ended = start + len(end)
+                    break
+            else:
+                choice.searched = max(choice.searched, len(ids) - len(end) + 1)
+                return self._completion_tokens(choice)
+        return choice.thinking_ended
+
+    def _chunks(self, flush: bool = False) -> list[pb.GenerateResponse]:
+        """A chunk of each choice's unsent tokens (once there are ``stream_interval`` of them, any if ``flush``)."""
         if not self.stream:
             return []
         out = []
         for index, choice in self._choices.items():
-            if choice.sent_ids == len(choice.ids):
+            if len(choice.ids) - choice.sent_ids < (1 if flush else self.stream_interval):
                 continue
             chunk = pb.GenerateStreamChunk(
                 token_ids=choice.ids[choice.sent_ids:], prompt_tokens=self.prompt_tokens,
                 completion_tokens=self._completion_tokens(choice), cached_tokens=self.cached_tokens, index=index,
+                reasoning_tokens=self._reasoning_tokens(choice),
                 output_logprobs=self._output_logprobs(choice.logprobs[choice.sent_logprobs:]),
             )
             choice.sent_ids, choice.sent_logprobs = len(choice.ids), len(choice.logprobs)
@@ -97,7 +124,8 @@ class Replies:
         complete = pb.GenerateComplete(
             output_ids=[] if self.stream else choice.ids, finish_reason=end.reason,
             prompt_tokens=self.prompt_tokens, completion_tokens=self._completion_tokens(choice),
-            cached_tokens=self.cached_tokens, index=end.index, spec_accepted_tokens=end.accepted,
+            cached_tokens=self.cached_tokens, reasoning_tokens=self._reasoning_tokens(choice), index=end.index,
+            spec_accepted_tokens=end.accepted,
             spec_draft_tokens=end.drafted,
             output_logprobs=None if self.stream else self._output_logprobs(choice.logprobs), **matched,
         )

@@ -47,6 +47,16 @@ def generation_request(call, model_id: str) -> GenerationRequest:
     )
 
 
+def stream_interval(call) -> int:
+    """How many tokens each streamed chunk waits for (``sampling_params.stream_interval``; 1 unset)."""
+    params = call.sampling_params
+    if not params.HasField("stream_interval"):
+        return 1
+    if params.stream_interval < 1:
+        raise Refused("sampling_params.stream_interval", "must be 1 or more")
+    return params.stream_interval
+
+
 def _refuse_unsupported(call) -> None:
     """Refuse what this worker has no engine for: images, hidden states, prompt logprobs, adapters."""
     inputs = call.mm_inputs

@@ -30,11 +30,12 @@ from ..serving import offload
 from ..serving.drain import ShuttingDown
 from ..serving.events import KeepAlive, Failed, Finished
 from ..serving.pool import LoadedModel, ModelPool, ModelUnavailable, NeverFits, NoRoom
+from ..serving.reasoning import reasoning_of
 from ..serving.scheduler import ClientGone, Overloaded, QueueFull
 from ..serving.session import Session
 from .bundle import CHUNK_BYTES, tokenizer_bundle
 from .replies import Replies
-from .requests import Refused, generation_request
+from .requests import Refused, generation_request, stream_interval
 
 log = structlog.get_logger("kronk_wsgi.grpc_worker")
 
@@ -114,6 +115,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         try:
             try:
                 generation = generation_request(request, model.id)
+                interval = stream_interval(request)
                 offload.call(gevent.get_hub().threadpool, check, generation)  # schemas take time to check
             except Refused as exc:
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
@@ -135,7 +137,8 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
                           drain=self.pool.drain, keepalive=settings.keepalive_interval, client_gone=gone,
                           metrics=self.metrics)
         replies = Replies(request.request_id, job.prompt_tokens, request.stream, job.decode.end_ids,
-                          request.return_logprob, choices=len(job.prompts) * job.n)
+                          request.return_logprob, choices=len(job.prompts) * job.n, stream_interval=interval,
+                          thinking_end=_thinking_end(model) if request.require_reasoning else ())
         return session, replies
 
     def _claim(self, gone: Callable[[], bool]) -> LoadedModel:
@@ -266,6 +269,12 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         for start in range(0, len(data), CHUNK_BYTES):
             end = min(start + CHUNK_BYTES, len(data))
             yield common_pb2.GetTokenizerChunk(data=data[start:end], sha256=digest if end == len(data) else "")
+
+
+def _thinking_end(model: LoadedModel) -> tuple[int, ...]:
+    """The ids of the tag that closes the model's thinking, as its template writes it; empty if it has none."""
+    syntax = reasoning_of(model.template.source)
+    return tuple(model.engine.tokenizer.encode(syntax.close)) if syntax is not None else ()
 
 
 def _named(exc: ApiError) -> str:

@@ -26,8 +26,8 @@ ASKS = ["Summarize it.", "What is the most surprising fact?", "And the second?"]
 def _streams_at_once(url: str, tokens: int, count: int, one_stream) -> float:
     """Aggregate tokens/s of ``count`` concurrent streams, each with its own prompt."""
     results: list[dict] = []
-    threads = [threading.Thread(target=lambda i=i: results.append(one_stream(url, tokens, f"Story {i}: once")))
-               for i in range(count)]
+    threads = [threading.Thread(target=lambda i=i: results.append(
+        one_stream(url, tokens, f"Story {i}: once", ignore_eos=True))) for i in range(count)]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -74,7 +74,8 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
         runs: dict[str, list[dict]] = {name: [] for name in urls}
         for round_ in range(rounds):
             for name in (list(urls) if round_ % 2 == 0 else list(reversed(urls))):
-                runs[name].append(one_stream(urls[name], tokens, f"Tell a story, round {round_}."))
+                runs[name].append(one_stream(urls[name], tokens, f"Tell a story, round {round_}.",
+                                                 ignore_eos=True))
         aggregate = {"one": [], "two": []}
         for round_ in range(max(2, rounds // 2)):
             for name in (("one", "two") if round_ % 2 == 0 else ("two", "one")):

@@ -49,7 +49,7 @@ def local_file(spec: ModelSpec) -> Optional[Path]:
 
 def check_engine_options(spec: ModelSpec) -> None:
     """ValueError unless the model's engine (or, for "auto", some engine) takes its engine_options."""
-    kinds = ENGINES.all if spec.engine == "auto" else (ENGINES.get(spec.engine),)
+    kinds = ENGINES.automatic if spec.engine == "auto" else (ENGINES.get(spec.engine),)
     problems = []
     for kind in kinds:
         try:

@@ -7,6 +7,7 @@ raise ``ApiError``s that name the body's own fields.
 """
 
 import dataclasses
+import json
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -16,7 +17,7 @@ import jsonschema.protocols
 from ..engine.base import shared_prefix
 from ..engine.chat_template import ChatTemplate, ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
-from ..engine.grammar import Grammar, GrammarError, gbnf_grammar, json_schema_grammar
+from ..engine.grammar import Grammar, GrammarError, bounded_integers, gbnf_grammar, json_schema_grammar
 from ..engine.sampling import SamplingParams, sampling_problem
 from ..engine.speculation import Speculation
 from ..serving import offload
@@ -227,6 +228,11 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs, token_ids=request.token_ids,
         speculation=_speculation(model, request),
     )
+    refused = model.engine.refusal(decode)
+    if refused is not None:
+        what, why = refused
+        param = {"grammar": request.reply_format.param if request.reply_format is not None else "tools"}.get(what, what)
+        raise invalid(f"{param}: {why}", param=param)
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
     slots = len(model.scheduler.slots)
     if request.slot is not None and not 0 <= request.slot < slots:
@@ -448,12 +454,20 @@ def _format_grammar(reply_format: ReplyFormat) -> str:
         raise invalid(f"the grammar cannot be used: {exc}", param=reply_format.param) from None
 
 
+def _origin(reply_format: ReplyFormat) -> tuple[str, str]:
+    """A reply format as an engine elsewhere takes it: its JSON Schema (integers bounded as here) or its GBNF."""
+    if reply_format.gbnf is not None:
+        return "ebnf_grammar", reply_format.gbnf
+    return "json_schema", json.dumps(bounded_integers(reply_format.schema), ensure_ascii=False)
+
+
 def _grammar(model: LoadedModel, text: Optional[str], request: GenerationRequest) -> Optional[Grammar]:
     """The grammar built for the model's vocabulary (in its preparation thread); 400 if it cannot be."""
     if text is None:
         return None
     try:
-        return offload.call(model.prep, Grammar, model.engine.tokenizer, model.end_ids, text)
+        return offload.call(model.prep, Grammar, model.engine.tokenizer, model.end_ids, text,
+                            _origin(request.reply_format) if request.reply_format is not None else None)
     except GrammarError as exc:
         param = request.reply_format.param if request.reply_format is not None else "tools"
         raise invalid(f"the schema cannot be enforced: {exc}", param=param) from None

@@ -11,13 +11,16 @@ nothing above the engine layer changes.
 import abc
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 import pydantic
 
 from .prompt_cache import MIN_TOKENS, PromptCache, shared_prefix
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .generate import DecodeOptions, Generation
 
 
 # Chooses the next token from the logits after a decode call (read-only; they may be gone after it returns).
@@ -248,6 +251,17 @@ class Slot(abc.ABC):
         """Replace what the slot holds with a saved state of ``tokens``."""
         raise EngineError(f"{type(self).__name__} cannot load a state")
 
+    def generation(self, prompt: list[int], tokenizer: Tokenizer, options: "DecodeOptions", context_length: int,
+                   cancelled: Callable[[], bool] = lambda: False, choice: int = 0,
+                   save_at: Sequence[int] = ()) -> "Generation":
+        """One reply to ``prompt`` on this slot, decoded as ``options`` say: the seam every engine generates
+        behind (prompt tokens, sampling and constraint in; text, tokens, logprobs and the finish out). A local
+        slot runs the decode loop over its own calls (``Generation``); a remote one hands the whole reply to an
+        engine elsewhere."""
+        from .generate import Generation  # the decode loop is built on this module's Slot
+
+        return Generation(self, prompt, tokenizer, options, context_length, cancelled, choice, save_at)
+
     def decode(self, tokens: Sequence[int], pick: Optional[Pick] = None) -> Optional[int]:
         """Append ``tokens`` to the cache and compute the next logits; with ``pick``, return ``pick(logits)``.
 
@@ -289,6 +303,11 @@ class Engine(abc.ABC):
         whose slots decode alone, which does not count them."""
         return 0, 0
 
+    def refusal(self, options: "DecodeOptions") -> Optional[tuple[str, str]]:
+        """What of a reply's decoding this engine cannot honour, and why, as (what, why): "seed", "grammar" or
+        "thinking_budget"; None if it honours it all (a local engine does)."""
+        return None
+
     def state_identity(self) -> Optional[str]:
         """What a saved slot state depends on (the model file, the engine's version, the context's parameters),
         once the slots are made; None if the engine cannot save and restore states."""
@@ -327,6 +346,7 @@ class EngineKind:
     batched: bool = False
     available: Callable[[], bool] = lambda: True
     missing: str = ""
+    auto: bool = True  # "auto" may choose it for a file (an engine that only names workers elsewhere may not)
 
     def check_options(self, options: dict[str, Any]) -> EngineOptions:
         """The options validated; ValueError naming the option that is wrong."""

@@ -67,6 +67,39 @@ class StopScanner:
         return out
 
 
+class ReplyText:
+    """A reply's tokens as its text: each token's piece (a control token's adds none, except those ``shown``)
+    decoded as UTF-8 and cut at the first stop text (``stop`` and ``end_texts``)."""
+
+    def __init__(self, tokenizer: Tokenizer, options: "DecodeOptions") -> None:
+        self._tokenizer = tokenizer
+        self._shown = options.shown
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stops = StopScanner(options.stop + options.end_texts)
+        self._asked = options.stop
+        self.stopped = False
+
+    def piece(self, token: int) -> bytes:
+        tokenizer = self._tokenizer
+        return tokenizer.token_text(token).encode() if token in self._shown else tokenizer.piece(token)
+
+    def feed(self, piece: bytes) -> str:
+        """The text ``piece`` lets out; ``stopped`` turns true at a stop text."""
+        text, self.stopped = self._stops.feed(self._decoder.decode(piece))
+        return text
+
+    def finish(self) -> str:
+        """What is held back when the reply ends."""
+        tail, self.stopped = self._stops.feed(self._decoder.decode(b"", final=True))
+        return tail if self.stopped else tail + self._stops.flush()
+
+    @property
+    def stop_sequence(self) -> Optional[str]:
+        """The stop sequence the text reached (None: none, or a text that ends the reply as an end token does)."""
+        matched = self._stops.matched
+        return matched if self.stopped and matched in self._asked else None
+
+
 class TagWatch:
     """Tells when generated text, fed piece by piece, has just reached ``tag``."""
 
@@ -213,8 +246,7 @@ class Generation:
             self.finish_reason = "length"
             return
         sampler = Sampler(options.sampling, self.prompt, self.choice)
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stops = StopScanner(options.stop + options.end_texts)
+        text = ReplyText(self.tokenizer, options)
         later = options.grammar.constraint() if options.grammar else None  # once the text reaches constrain_after
         constraint = None if options.constrain_after else later
         constraint_start = TagWatch(options.constrain_after)
@@ -298,19 +330,19 @@ class Generation:
             if sampled is not None:
                 self.sampled.append(sampled)
                 sampled = None
-            piece = self.tokenizer.token_text(token).encode() if token in options.shown else self.tokenizer.piece(token)
+            piece = text.piece(token)
             if thinking and not closing:
                 thinking = not thinking_end.feed(piece)
             if constraint:
                 constraint.take(token)
             elif later and constraint_start.feed(piece):
                 constraint = later
-            text, stopped = stops.feed(decoder.decode(piece))
-            if text:
-                yield text
-            if stopped:
+            out = text.feed(piece)
+            if out:
+                yield out
+            if text.stopped:
                 self.finish_reason = "stop"
-                self.stop_sequence = stops.matched if stops.matched in options.stop else None
+                self.stop_sequence = text.stop_sequence
                 return
             if constraint and constraint.complete:
                 self.finish_reason = "stop"
@@ -321,11 +353,9 @@ class Generation:
                 break
             if self.cancelled():
                 raise Cancelled()
-        tail, stopped = stops.feed(decoder.decode(b"", final=True))
-        if stopped:
+        tail = text.finish()
+        if text.stopped:
             self.finish_reason = "stop"
-            self.stop_sequence = stops.matched if stops.matched in options.stop else None
-        else:
-            tail += stops.flush()
+            self.stop_sequence = text.stop_sequence
         if tail:
             yield tail

@@ -9,7 +9,7 @@ compiled once per request, before the commit, so a schema it cannot take is a
 
 import functools
 import json
-from typing import Any
+from typing import Any, Optional
 
 import llguidance
 import numpy as np
@@ -112,10 +112,14 @@ def lark_string(text: str) -> str:
 class Grammar:
     """A compiled grammar for one model; ``constraint()`` starts a reply inside it.
 
-    The reply may end (with one of ``end_ids``) where the grammar is matched in full.
+    The reply may end (with one of ``end_ids``) where the grammar is matched in full. ``origin`` is what it
+    was made from, as an engine elsewhere takes it: ("json_schema", a schema's JSON) or ("ebnf_grammar",
+    GBNF text); None for a grammar made here (tool calls).
     """
 
-    def __init__(self, tokenizer: Tokenizer, end_ids: frozenset[int], grammar: str) -> None:
+    def __init__(self, tokenizer: Tokenizer, end_ids: frozenset[int], grammar: str,
+                 origin: Optional[tuple[str, str]] = None) -> None:
+        self.origin = origin
         self._ll_tokenizer = _ll_tokenizer(tokenizer, end_ids)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._ll_tokenizer,
                                                                                limits=_limits())

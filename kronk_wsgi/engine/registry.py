@@ -9,7 +9,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import ctransformers_engine, llamacpp_engine
+from . import ctransformers_engine, grpc_engine, llamacpp_engine
 from .base import EngineError, EngineKind, Fit
 
 
@@ -18,6 +18,7 @@ class EngineKinds:
 
     def __init__(self, kinds: Sequence[EngineKind]) -> None:
         self.all = tuple(kinds)
+        self.automatic = tuple(kind for kind in self.all if kind.auto)  # those "auto" chooses from
         self._by_name = {kind.name: kind for kind in self.all}
 
     def get(self, name: str) -> EngineKind:
@@ -34,8 +35,8 @@ class EngineKinds:
         return kind
 
     def verdicts(self, path: Path) -> list[tuple[EngineKind, Fit]]:
-        """Each kind with what it makes of the file, in order of preference."""
-        return [(kind, kind.fit(path)) for kind in self.all]
+        """Each kind "auto" chooses from with what it makes of the file, in order of preference."""
+        return [(kind, kind.fit(path)) for kind in self.automatic]
 
     def choose(self, path: Path, wanted: str = "auto", options: Optional[dict[str, Any]] = None) -> EngineKind:
         """The kind that runs a file: ``wanted``, or for "auto" the first installed kind that runs it and takes
@@ -59,4 +60,5 @@ class EngineKinds:
 ENGINES = EngineKinds([
     ctransformers_engine.KIND,
     llamacpp_engine.KIND,
+    grpc_engine.KIND,
 ])

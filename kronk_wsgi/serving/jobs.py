@@ -156,8 +156,8 @@ class GenerationJob:
         slot.enter(self.scope)
         written = 0
         for index, (prompt, choice) in enumerate(itertools.product(self.prompts, range(self.n))):
-            generation = Generation(slot, prompt, self.tokenizer, self.decode, context_length, cancelled, choice,
-                                    save_at=self.save_at if index == 0 else ())
+            generation = slot.generation(prompt, self.tokenizer, self.decode, context_length, cancelled, choice,
+                                         save_at=self.save_at if index == 0 else ())
             self._generations.append(generation)
             if index == 0:
                 generation.reuse()

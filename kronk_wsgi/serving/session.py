@@ -12,7 +12,7 @@ from typing import Callable, Generator, Iterator, Optional
 
 import structlog
 
-from ..engine.base import Cancelled, Slot
+from ..engine.base import Cancelled, EngineError, Slot
 from ..engine.grammar import GrammarError
 from ..metrics import GapCounter, Metrics
 from .channel import ThreadChannel
@@ -286,5 +286,8 @@ class Session:
             log.warning("grammar failed during generation", model=self.model.id, error=str(item)[:300])
             return Failed("grammar_error", "the reply's grammar went past the constraint engine's limits at a later "
                           "step; the response is incomplete")
-        log.error("engine failed during generation", model=self.model.id, exc_info=item)
+        if isinstance(item, EngineError):  # a failure the engine names (a worker gone): its reason, no traceback
+            log.error("engine failed during generation", model=self.model.id, error=str(item)[:500])
+        else:
+            log.error("engine failed during generation", model=self.model.id, exc_info=item)
         return Failed("engine_error", "the model failed while generating; the response is incomplete")

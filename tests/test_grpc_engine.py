@@ -1,0 +1,236 @@
+"""kronk_wsgi in front of gRPC workers (the "grpc" engine): a reply's decoding as the protocol's request, and real
+processes: a `kronk-wsgi serve` whose model names two `kronk-wsgi grpc` workers on SmolLM2, called by the OpenAI
+SDK; workers that die, never listen or serve another model."""
+
+import json
+import threading
+import time
+
+import grpc
+import openai
+import pytest
+import requests
+from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+
+from kronk_wsgi.engine.generate import DecodeOptions
+from kronk_wsgi.engine.grpc_engine import GrpcOptions
+from kronk_wsgi.engine.grpc_remote import generate_request
+from kronk_wsgi.engine.sampling import SamplingParams
+from kronk_wsgi.testing import free_port, run_grpc_worker, run_server
+
+from .conftest import faulty_env
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+
+
+# -- a reply's decoding as a Generate call ----------------------------------------------------------------------
+
+def test_a_replys_decoding_becomes_the_protocols_request():
+    options = DecodeOptions(
+        end_ids=frozenset({2, 7}), max_tokens=12, min_tokens=3, top_logprobs=2,
+        sampling=SamplingParams(temperature=0.5, top_p=0.9, top_k=0, min_p=0.1, repetition_penalty=1.1,
+                                presence_penalty=0.2, frequency_penalty=0.3, logit_bias=((5, -100.0),)),
+    )
+    request = generate_request([1, 2, 3], options)
+    params = request.sampling_params
+    assert list(request.tokenized.input_ids) == [1, 2, 3] and request.stream
+    assert request.return_logprob and request.top_logprobs_num == 2 and request.logprob_start_len == -1
+    assert (params.temperature, params.top_p, params.min_p) == pytest.approx((0.5, 0.9, 0.1))
+    assert params.top_k == -1  # off, in the protocol's terms
+    assert (params.repetition_penalty, params.presence_penalty, params.frequency_penalty) == \
+        pytest.approx((1.1, 0.2, 0.3))
+    assert params.max_new_tokens == 12 and params.min_new_tokens == 3 and params.n == 1
+    # This server's end tokens decide where a reply ends; stop texts are cut here, as the text streams.
+    assert list(params.stop_token_ids) == [2, 7] and params.ignore_eos and not params.stop
+    assert dict(params.logit_bias) == {"5": -100.0}
+    assert params.WhichOneof("constraint") is None
+
+
+@pytest.mark.parametrize("workers, problem", [
+    ([], "at least 1"), (["grpc://nohost"], "not grpc://HOST:PORT"), (["http://h:1/x"], "not grpc://HOST:PORT"),
+])
+def test_worker_addresses_are_checked(workers, problem):
+    with pytest.raises(ValueError, match=problem):
+        GrpcOptions(workers=workers)
+
+
+def test_a_worker_url_is_its_address():
+    assert GrpcOptions(workers=["grpc://127.0.0.1:30000", "h:1"]).workers == ["127.0.0.1:30000", "h:1"]
+
+
+# -- real processes --------------------------------------------------------------------------------------------
+
+def worker_env(smollm2):
+    return {"KRONK_MODELS": json.dumps({"smollm": {"path": str(smollm2), "engine": "llama.cpp"}})}
+
+
+def front_env(model, workers, **options):
+    return {"KRONK_MODELS": json.dumps({"remote": {
+        "path": str(model), "engine": "grpc",
+        "engine_options": {"workers": [w if isinstance(w, str) else w.url for w in workers], **options}}})}
+
+
+@pytest.fixture(scope="module")
+def workers(smollm2, tmp_path_factory):
+    with run_grpc_worker(tmp_path_factory.mktemp("w1"), worker_env(smollm2)) as one, \
+            run_grpc_worker(tmp_path_factory.mktemp("w2"), worker_env(smollm2)) as two:
+        yield one, two
+
+
+@pytest.fixture(scope="module")
+def front(workers, smollm2, tmp_path_factory):
+    with run_server(tmp_path_factory.mktemp("front"), front_env(smollm2, workers)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def local(smollm2, tmp_path_factory):
+    env = {"KRONK_MODELS": json.dumps({"remote": {"path": str(smollm2), "engine": "llama.cpp"}})}
+    with run_server(tmp_path_factory.mktemp("local"), env) as server:
+        yield server
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_the_workers_greedy_answer_is_the_local_engines(front, local):
+    asked = dict(model="remote", messages=QUESTION, max_tokens=40, temperature=0)
+    remote = client(front).chat.completions.create(**asked)
+    mine = client(local).chat.completions.create(**asked)
+    assert remote.choices[0].message.content == mine.choices[0].message.content
+    assert remote.choices[0].finish_reason == mine.choices[0].finish_reason
+    assert remote.usage.prompt_tokens == mine.usage.prompt_tokens
+    assert remote.usage.completion_tokens == mine.usage.completion_tokens
+
+
+def test_a_stream_is_the_whole_answer_with_logprobs(front):
+    asked = dict(model="remote", messages=QUESTION, max_tokens=30, temperature=0, logprobs=True, top_logprobs=2)
+    whole = client(front).chat.completions.create(**asked)
+    parts, logprobs = [], []
+    for chunk in client(front).chat.completions.create(**asked, stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+            logprobs += chunk.choices[0].logprobs.content
+    assert "".join(parts) == whole.choices[0].message.content
+    assert [t.token for t in logprobs] == [t.token for t in whole.choices[0].logprobs.content]
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in logprobs)
+
+
+def test_stop_texts_json_schemas_and_token_limits(front):
+    stopped = client(front).chat.completions.create(model="remote", messages=QUESTION, max_tokens=40,
+                                                    temperature=0, stop=["Paris"])
+    assert "Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop"
+    cut = client(front).chat.completions.create(model="remote", messages=QUESTION, max_tokens=3, temperature=0)
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+              "additionalProperties": False}
+    shaped = client(front).chat.completions.create(
+        model="remote", messages=QUESTION, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}})
+    assert set(json.loads(shaped.choices[0].message.content)) == {"city"}
+
+
+def test_what_the_workers_cannot_honour_is_a_400_naming_it(front):
+    seeded = front.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION, "seed": 3})
+    assert seeded.status_code == 400 and seeded.json()["error"]["param"] == "seed"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    forced = front.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION, "tools": [tool],
+                                                 "tool_choice": "required"})
+    assert forced.status_code == 400 and forced.json()["error"]["param"] == "tools", forced.text
+    assert "constrain" in forced.json()["error"]["message"]
+
+
+def test_a_conversations_next_turn_goes_to_the_worker_that_holds_it(front, workers):
+    """cache_aware: the slot (a worker's place) whose tokens continue most of the prompt is taken."""
+    for number in range(3):
+        conversation = [{"role": "user", "content": f"Conversation {number}: tell me about the number {number}."}]
+        first = client(front).chat.completions.create(model="remote", messages=conversation, max_tokens=20,
+                                                      temperature=0)
+        conversation += [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "And one more sentence, please."}]
+        second = client(front).chat.completions.create(model="remote", messages=conversation, max_tokens=5,
+                                                       temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens, number
+
+
+def test_a_client_that_leaves_frees_the_workers_slot(front, workers):
+    def gone() -> int:
+        return sum(entry["outcome"] == "client_gone" for w in workers for entry in w.completed())
+
+    def running() -> int:
+        return sum(pb_grpc.SglangSchedulerStub(grpc.insecure_channel(w.address))
+                   .GetLoads(pb.GetLoadsRequest(), timeout=10).loads[0].num_running_reqs for w in workers)
+
+    before = gone()
+    with requests.post(front.url + "/v1/chat/completions", stream=True, timeout=60,
+                       json={"model": "remote", "messages": QUESTION, "max_tokens": 2000, "stream": True,
+                             "temperature": 1, "ignore_eos": True}) as response:
+        for line in response.iter_lines():
+            if line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line:
+                break
+        assert running() == 1  # still generating when the client leaves
+    deadline = time.monotonic() + 30
+    while (gone() == before or running()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert gone() == before + 1 and running() == 0
+
+
+def test_a_worker_that_is_gone_is_passed_over_with_the_reason_logged(workers, smollm2, tmp_path):
+    gone = f"grpc://127.0.0.1:{free_port()}"  # nothing listens there
+    with run_server(tmp_path, front_env(smollm2, [gone, workers[0]], policy="round_robin")) as server:
+        for _ in range(3):
+            reply = client(server).chat.completions.create(model="remote", messages=QUESTION, max_tokens=3)
+            assert reply.choices[0].finish_reason == "length"
+        assert "grpc worker unreachable" in server.logs()
+
+
+def test_a_worker_that_never_answers_is_given_up_on(workers, smollm2, tmp_path):
+    import socket
+
+    silent = socket.socket()  # accepts connections, says nothing
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        url = f"grpc://127.0.0.1:{silent.getsockname()[1]}"
+        with run_server(tmp_path, front_env(smollm2, [url, workers[1]], policy="round_robin",
+                                            connect_timeout=1)) as server:
+            for _ in range(2):
+                reply = client(server).chat.completions.create(model="remote", messages=QUESTION, max_tokens=3)
+                assert reply.choices[0].finish_reason == "length"
+    finally:
+        silent.close()
+
+
+def test_a_worker_of_another_model_is_refused_with_the_reason(workers, tiny_model, tmp_path):
+    with run_server(tmp_path, front_env(tiny_model, workers), ready="/v1/liveness") as server:
+        reply = server.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION})
+        assert reply.status_code >= 500 and "serves another model" in reply.text, reply.text
+
+
+def test_a_worker_killed_mid_stream_ends_it_with_an_in_band_error(tiny_model, tmp_path):
+    env = faulty_env(tiny_model, KRONK_TEST_STEP_DELAY=0.1, KRONK_TEST_NO_EOS=1)
+    with run_grpc_worker(tmp_path / "a", env) as worker, \
+            run_server(tmp_path, front_env(tiny_model, [worker])) as server:
+        events, got = [], threading.Event()
+
+        def stream():
+            with requests.post(server.url + "/v1/chat/completions", stream=True, timeout=120,
+                               json={"model": "remote", "messages": QUESTION, "max_tokens": 500,
+                                     "stream": True}) as response:
+                for line in response.iter_lines():
+                    events.append(line)
+                    if b'"content":"' in line and b'"content":""' not in line:  # the worker's first tokens
+                        got.set()
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        assert got.wait(60)
+        worker.proc.kill()
+        reader.join(60)
+        assert not reader.is_alive()
+        assert any(b'"error"' in line for line in events), events[-3:]
+        assert not server.proc.poll()
+        assert "Traceback" not in server.logs()

@@ -1,10 +1,11 @@
 """kronk_wsgi's gRPC workers behind the real Shepherd Model Gateway (SMG), beside kronk's own HTTP server.
 
 SmolLM2 on llama.cpp, one slot and one thread per process (two cores). In turns, order alternating: one
-stream direct from `kronk-wsgi serve` and through SMG -> `kronk-wsgi grpc`; two streams at once through SMG
-with one worker and with two; then six conversations of three turns, each with its own ~600-token document,
-through SMG with cache_aware and with round_robin over two workers: the share of later turns' prompts the
-worker served from its cache. ``bench/run.py --grpc [--tokens 200] [--rounds 5]`` runs it; any worker URL
+stream direct from `kronk-wsgi serve`, through `kronk-wsgi serve` whose model is a `kronk-wsgi grpc` worker
+(the grpc engine) and through SMG -> the same worker; two streams at once through SMG with one worker and
+with two; then six conversations of three turns, each with its own ~600-token document, through SMG and
+through kronk with cache_aware and with round_robin over two workers: the share of later turns' prompts the
+workers served from their cache. ``bench/run.py --grpc [--tokens 200] [--rounds 5]`` runs it; any worker URL
 can stand in for kronk's with ``--worker-url`` (SGLang, vLLM: see docs/BENCHMARKS.rst).
 """
 
@@ -53,6 +54,13 @@ def _conversations(url: str, label: str, chat_turn) -> float:
     return cached / prompt
 
 
+def _front_env(worker_urls: Sequence[str], policy: str = "cache_aware") -> dict:
+    """`kronk-wsgi serve` with the model's replies from ``worker_urls`` (the grpc engine)."""
+    options = {"workers": list(worker_urls), "policy": policy}
+    return {"KRONK_MODELS": json.dumps({"bench": {"path": str(fetch_smollm2()), "engine": "grpc",
+                                                  "engine_options": options}})}
+
+
 def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
                       worker_urls: Optional[Sequence[str]] = None) -> list[tuple[str, str]]:
     workdir = ROOT / "bench" / "results" / "grpc"
@@ -64,11 +72,12 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
             workers = [stack.enter_context(run_grpc_worker(workdir / name, env)) for name in ("a", "b")]
             worker_urls = [w.url for w in workers]
         http = stack.enter_context(run_server(workdir, env))
+        front = stack.enter_context(run_server(workdir, _front_env(worker_urls[:1])))
         one = stack.enter_context(run_smg(worker_urls[:1], "bench", ["--policy", "round_robin"],
                                           log=workdir / "smg-one.log"))
         both = stack.enter_context(run_smg(worker_urls, "bench", ["--policy", "round_robin"],
                                            log=workdir / "smg-both.log"))
-        urls = {"kronk HTTP": http.url, "SMG -> kronk gRPC": one}
+        urls = {"kronk HTTP": http.url, "kronk -> kronk gRPC": front.url, "SMG -> kronk gRPC": one}
         for url in (*urls.values(), both):
             one_stream(url, 20, "warm up")
         runs: dict[str, list[dict]] = {name: [] for name in urls}
@@ -83,23 +92,26 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
         shares = {}
         for policy in ("cache_aware", "round_robin"):
             with run_smg(worker_urls, "bench", ["--policy", policy], log=workdir / f"smg-{policy}.log") as url:
-                shares[policy] = _conversations(url, policy, chat_turn)
+                shares[f"SMG {policy}"] = _conversations(url, policy, chat_turn)
+            with run_server(workdir, _front_env(worker_urls, policy)) as server:
+                shares[f"kronk {policy}"] = _conversations(server.url, policy, chat_turn)
     (workdir / "latest.json").write_text(json.dumps({"runs": runs, "aggregate": aggregate, "shares": shares},
                                                     indent=2))
 
     def median(name: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[name])
 
-    direct, through = "kronk HTTP", "SMG -> kronk gRPC"
+    direct = "kronk HTTP"
+    ratios = [(f"{way} / HTTP, tokens/s, time to first token",
+               f"{median(way, 'tokens_per_s') / median(direct, 'tokens_per_s'):.3f}, "
+               f"{median(way, 'ttft_s') / median(direct, 'ttft_s'):.3f}") for way in urls if way != direct]
     return [
         *[(f"{name}: tokens/s, time to first token ms", f"{median(name, 'tokens_per_s'):.1f}, "
            f"{1000 * median(name, 'ttft_s'):.1f}") for name in urls],
-        ("SMG -> gRPC / HTTP, tokens/s", f"{median(through, 'tokens_per_s') / median(direct, 'tokens_per_s'):.3f}"),
-        ("SMG -> gRPC / HTTP, time to first token",
-         f"{median(through, 'ttft_s') / median(direct, 'ttft_s'):.3f}"),
+        *ratios,
         ("2 streams through SMG, aggregate tokens/s: 1 worker, 2 workers",
          f"{statistics.median(aggregate['one']):.1f}, {statistics.median(aggregate['two']):.1f}"),
         ("2 workers / 1 worker", f"{statistics.median(aggregate['two']) / statistics.median(aggregate['one']):.2f}x"),
-        *[(f"six conversations, {policy}: later turns' prompt served from a cache", f"{100 * share:.0f}%")
-          for policy, share in shares.items()],
+        *[(f"six conversations, {way}: later turns' prompt served from a cache", f"{100 * share:.0f}%")
+          for way, share in shares.items()],
     ]

@@ -107,10 +107,11 @@ def engine_prompt(engine) -> tuple:
 
 def one_stream(url: str, tokens: int, prompt: str = PROMPT, no_end: tuple = (2,), ignore_eos: bool = False) -> dict:
     """One SSE stream: time to first content, then tokens/s from the first content chunk to the end. Its length
-    is kept by banning ``no_end``, or by ``ignore_eos`` where a gateway does not pass a logit bias on (SMG)."""
+    is kept by banning ``no_end`` (with a seed), or by ``ignore_eos`` (without either) where the way to the
+    engine carries no logit bias (SMG) or no seed (SGLang's engine protocol)."""
+    kept = {"ignore_eos": True} if ignore_eos else {"seed": 1, "logit_bias": {str(t): -100 for t in no_end}}
     body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "stream": True, "seed": 1, "logit_bias": {str(t): -100 for t in no_end},
-            "stream_options": {"include_usage": True}, **({"ignore_eos": True} if ignore_eos else {})}
+            "stream": True, "stream_options": {"include_usage": True}, **kept}
     started = time.perf_counter()
     first = None
     usage = None

@@ -141,6 +141,8 @@ def test_what_the_workers_cannot_honour_is_a_400_naming_it(front):
                                                  "tool_choice": "required"})
     assert forced.status_code == 400 and forced.json()["error"]["param"] == "tools", forced.text
     assert "constrain" in forced.json()["error"]["message"]
+    windowed = front.post("/completion", {"prompt": "Hello", "n_predict": 3, "repeat_last_n": 10})
+    assert windowed.status_code == 400 and "repeat_last_n" in windowed.text, windowed.text
 
 
 def test_a_conversations_next_turn_goes_to_the_worker_that_holds_it(front, workers):

@@ -231,7 +231,8 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     refused = model.engine.refusal(decode)
     if refused is not None:
         what, why = refused
-        param = {"grammar": request.reply_format.param if request.reply_format is not None else "tools"}.get(what, what)
+        param = {"grammar": request.reply_format.param if request.reply_format is not None else "tools",
+                 "repetition_window": "repeat_last_n"}.get(what, what)
         raise invalid(f"{param}: {why}", param=param)
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
     slots = len(model.scheduler.slots)

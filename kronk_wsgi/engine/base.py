@@ -304,8 +304,8 @@ class Engine(abc.ABC):
         return 0, 0
 
     def refusal(self, options: "DecodeOptions") -> Optional[tuple[str, str]]:
-        """What of a reply's decoding this engine cannot honour, and why, as (what, why): "seed", "grammar" or
-        "thinking_budget"; None if it honours it all (a local engine does)."""
+        """What of a reply's decoding this engine cannot honour, and why, as (what, why): "seed",
+        "repetition_window", "grammar" or "thinking_budget"; None if it honours it all (a local engine does)."""
         return None
 
     def state_identity(self) -> Optional[str]:

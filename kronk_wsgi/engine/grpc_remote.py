@@ -33,6 +33,7 @@ from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Slot
 from .generate import DecodeOptions, Generation, ReplyText, SampledToken
 from .gguf_file import read_gguf
 from .grpc_engine import MAIN_HUB, GrpcOptions
+from .sampling import SamplingParams
 from .tokenizer import GGUFTokenizer, Tokenizer
 
 log = structlog.get_logger("kronk_wsgi.grpc_engine")
@@ -321,6 +322,8 @@ class GrpcEngine(Engine):
     def refusal(self, options: DecodeOptions) -> Optional[tuple[str, str]]:
         if options.sampling.seed is not None:
             return "seed", "the workers' protocol carries no seed"
+        if options.sampling.repetition_window != SamplingParams().repetition_window:
+            return "repetition_window", "the workers' protocol carries no repetition window (each worker has its own)"
         if options.grammar is not None and (options.grammar.origin is None or options.constrain_after):
             return "grammar", ("a model served by gRPC workers constrains a whole reply to a JSON Schema or a GBNF "
                                "grammar only (tool calls are read, not constrained; a thinking model's answer "

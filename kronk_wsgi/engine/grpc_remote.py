@@ -200,8 +200,8 @@ class RemoteGeneration(Generation):
     def reuse(self) -> None:
         self._ids: list[int] = []  # every token the worker sent (``token_ids`` has them only if asked, until taken)
         engine = self.slot.engine
-        self._request = generate_request(self.prompt, self.options)
-        self._stream, self._first, self._worker = engine.start(self.slot, self._request, self.cancelled)
+        request = generate_request(self.prompt, self.options)
+        self._stream, self._first, self._worker = engine.start(self.slot, request, self.cancelled)
         chunk = self._first.chunk if self._first.HasField("chunk") else self._first.complete
         self.cached_tokens = chunk.cached_tokens
         self._reused = True
@@ -311,8 +311,8 @@ class GrpcEngine(Engine):
         timeout = self.options.connect_timeout
         info = worker.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
         server = worker.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
-        worker.slots = max(int(server.server_args.fields["max_running_requests"].number_value or 1), 1) \
-            if "max_running_requests" in server.server_args.fields else 1
+        running = server.server_args.fields.get("max_running_requests")
+        worker.slots = max(int(running.number_value), 1) if running is not None else 1
         return info
 
     def new_slots(self, count: int, threads: int) -> list[Slot]:

@@ -113,7 +113,7 @@ def test_documents_are_read_as_text_and_a_pdf_is_refused_by_name(scripted):
 
 
 def test_clear_tool_uses_clears_the_oldest_results():
-    from kronk_wsgi.api.protocols.anthropic import CLEARED, CountTokensRequest
+    from kronk_wsgi.api.protocols.anthropic.schemas import CLEARED, CountTokensRequest
 
     def turn(i):
         return [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "Read", "input": {}}]},

@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from kronk_wsgi.api.protocols.anthropic import MessagesEncoder
+from kronk_wsgi.api.protocols.anthropic.encoder import MessagesEncoder
 from kronk_wsgi.api.protocols.ollama.encoder import OllamaEncoder
 from kronk_wsgi.api.protocols.ollama.protocol import KEEPALIVE as OLLAMA_KEEPALIVE
 from kronk_wsgi.api.protocols.openai_chat import ChatEncoder
 from kronk_wsgi.api.protocols.openai_completions import CompletionEncoder
-from kronk_wsgi.api.protocols.openai_responses import ResponsesEncoder
+from kronk_wsgi.api.protocols.openai_responses.encoder import ResponsesEncoder
 from kronk_wsgi.api.sse import compact_json, compact_json_pieces
 from kronk_wsgi.serving.session import GenerationStats
 from kronk_wsgi.serving.events import (

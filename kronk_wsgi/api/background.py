@@ -16,7 +16,7 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import gevent
 import gevent.queue
@@ -25,15 +25,12 @@ from flask import Response, jsonify
 
 from ..serving import offload
 from ..serving.drain import ShuttingDown
-from ..serving.events import Event, Failed
+from ..serving.events import ChoiceEnd, Event, Failed
 from ..serving.scheduler import ClientGone, Overloaded, QueueFull
 from ..serving.session import Session
 from .errors import ApiError
-from .response import watched
+from .response import Encoder, watched
 from .state import KronkState
-
-if TYPE_CHECKING:
-    from .protocols.openai_responses import ResponsesEncoder
 
 log = structlog.get_logger("kronk_wsgi.background")
 
@@ -43,6 +40,16 @@ BACKGROUND_RETRY_SECONDS = 10  # Retry-After of a background response refused fo
 EVENTS_SAVE_SECONDS = 0.25  # how often a run stores its new stream events, and a resumed stream looks for them
 UNFINISHED = ("queued", "in_progress")
 _END = object()  # the last item of a live stream's queue
+
+
+class BackgroundEncoder(Encoder):
+    """An encoder whose response a background run keeps: the response object so far (``base`` and its
+    ``output`` items), its stream events numbered (``sequence``, the next number), and how it ended."""
+
+    base: dict
+    output: list[dict]
+    sequence: int
+    end: ChoiceEnd
 
 
 class BackgroundRun:
@@ -82,7 +89,7 @@ class BackgroundRun:
             self.cancelled_here = found is None or found["status"] == "cancelled"
         return self.cancelled_here
 
-    def start(self, admit: Callable[[Callable[[], bool]], Session], encoder: "ResponsesEncoder",
+    def start(self, admit: Callable[[Callable[[], bool]], Session], encoder: BackgroundEncoder,
               store_response: Callable[[dict], None], stream: bool) -> Response:
         """Say in the store that this worker runs the response, store it as queued (``store_response`` stores the
         response object as it goes), run it in a greenlet, and answer the POST: the queued response, or the stream
@@ -107,7 +114,7 @@ class BackgroundRun:
         finally:
             self.listener = None  # the client went: the response goes on without it
 
-    def _run(self, admit: Callable[[Callable[[], bool]], Session], encoder: "ResponsesEncoder") -> None:
+    def _run(self, admit: Callable[[Callable[[], bool]], Session], encoder: BackgroundEncoder) -> None:
         base, started, status = encoder.base, time.monotonic(), "failed"
         session: Optional[Session] = None
         try:
@@ -134,7 +141,7 @@ class BackgroundRun:
                 session.close()
             self._finish(status, session, time.monotonic() - started)
 
-    def _stream(self, session: Session, encoder: "ResponsesEncoder") -> Optional[Failed]:
+    def _stream(self, session: Session, encoder: BackgroundEncoder) -> Optional[Failed]:
         """Run the session through the encoder (to the live client, if one reads); its failure, if it failed."""
         failure: list[Failed] = []
 
@@ -167,7 +174,7 @@ class BackgroundRun:
             log.error("background events not stored", response_id=self.response_id,
                       error=f"{type(exc).__name__}: {exc}")
 
-    def _end(self, session: Session, encoder: "ResponsesEncoder", failure: Optional[Failed]) -> str:
+    def _end(self, session: Session, encoder: BackgroundEncoder, failure: Optional[Failed]) -> str:
         """Store how a run that was admitted ended (a finished one its encoder stored); its status."""
         if session.stats.outcome == "client_gone":
             self._store({**encoder.base, "status": "cancelled", "output": encoder.output})

@@ -1,0 +1,407 @@
+"""The Responses API's request body: input items, tools, tool choice, text format, and the GenerationRequest
+it asks for."""
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+import pydantic
+from pydantic import Discriminator, Field, Tag
+
+from ....engine.sampling import SamplingParams
+from ....serving.formats import custom_arguments
+from ...planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from ...schemas import (
+    CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
+    ServiceTier, Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
+    template_variables,
+)
+
+
+class InputText(Strict):
+    type: Literal["input_text"]
+    text: str
+    prompt_cache_breakpoint: Optional[PromptCacheBreakpoint] = None
+
+
+class OutputText(Strict):
+    type: Literal["output_text"]
+    text: str
+    annotations: Optional[list[Any]] = None
+    logprobs: Optional[list[Any]] = None
+
+
+class MessageItem(Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[str, list[Annotated[Union[InputText, OutputText], Field(discriminator="type")]]]
+    id: Optional[str] = None
+    status: Optional[str] = None
+    phase: Optional[Literal["commentary", "final_answer"]] = None  # an earlier answer's: it is text all the same
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+Caller = Optional[dict[str, Any]]  # who made a call (the model, or a program): the model, here
+ToolOutput = Union[str, list[InputText]]  # a tool's result: text, or text parts (no images or files here)
+
+
+def _tool_output_text(output: ToolOutput) -> str:
+    return output if isinstance(output, str) else "".join(part.text for part in output)
+
+
+class FunctionCallItem(Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: FunctionName
+    arguments: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+    namespace: Optional[str] = None  # the namespace tool the function belongs to
+    caller: Caller = None
+
+    @pydantic.field_validator("arguments")
+    @classmethod
+    def _arguments(cls, value: str) -> str:
+        json_object(value, "arguments")
+        return value
+
+
+class FunctionCallOutputItem(Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: ToolOutput
+    id: Optional[str] = None
+    status: Optional[str] = None
+    name: Optional[str] = None
+    namespace: Optional[str] = None
+    caller: Caller = None
+
+
+class CustomToolCallItem(Strict):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: FunctionName
+    input: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+    namespace: Optional[str] = None
+    caller: Caller = None
+
+
+class CustomToolCallOutputItem(Strict):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: ToolOutput
+    id: Optional[str] = None
+    status: Optional[str] = None
+    caller: Caller = None
+
+
+class ReasoningItem(Strict):
+    """An earlier turn's thinking, handed back: accepted, and left out of the prompt."""
+
+    type: Literal["reasoning"]
+    id: Optional[str] = None
+    summary: list[Any] = []
+    content: Optional[list[Any]] = None
+    encrypted_content: Optional[str] = None
+    status: Optional[str] = None
+
+
+def _item_type(value: Any) -> Optional[str]:
+    return value.get("type", "message") if isinstance(value, dict) else None
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+        Annotated[CustomToolCallItem, Tag("custom_tool_call")],
+        Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
+        Annotated[ReasoningItem, Tag("reasoning")],
+    ],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    name: FunctionName
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+# Tools OpenAI runs itself: accepted, not offered to the model (which could not use them here), and named in
+# the response's Kronk-Tools-Not-Offered header.
+HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search",
+                "code_interpreter", "image_generation", "mcp", "computer_use_preview", "local_shell", "shell",
+                "apply_patch")
+
+
+class HostedTool(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+    type: Literal[HOSTED_TOOLS]  # type: ignore[valid-type]
+    name: Optional[str] = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+
+class BackgroundOptions(Strict):
+    """Accepted: a background response runs as soon as a place is free, whatever its window."""
+
+    completion_window: Literal["soonest", "2h", "8h"] = "soonest"
+    continuation_id: Optional[str] = None
+
+
+class ImageOptions(Strict):
+    context_compression: Literal["auto", "enabled", "disabled"] = "auto"
+
+
+class CustomTool(CustomToolSpec):
+    type: Literal["custom"]
+
+    def as_function(self) -> "FunctionTool":
+        return FunctionTool(type="function", name=self.name, description=self.description, strict=True,
+                            parameters=self.parameters())
+
+
+class NamespaceTool(Strict):
+    """A group of functions under one name (Codex's multi-agent tools): each is offered to the model, and its
+    calls come back in the namespace."""
+
+    type: Literal["namespace"]
+    name: FunctionName
+    description: Optional[str] = None
+    tools: list[FunctionTool]
+
+
+def _tool_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ("function", "namespace", "custom") else "hosted"
+
+
+ResponsesTool = Annotated[Union[Annotated[FunctionTool, Tag("function")], Annotated[NamespaceTool, Tag("namespace")],
+                                Annotated[CustomTool, Tag("custom")], Annotated[HostedTool, Tag("hosted")]],
+                          Discriminator(_tool_type)]
+
+
+class ReasoningConfig(Strict):
+    """Switches thinking off (effort none or minimal) or on where the template can, as chat's reasoning_effort."""
+
+    effort: Optional[ReasoningEffort] = None
+    summary: Optional[Literal["auto", "concise", "detailed"]] = None  # the reasoning is given whole, not summarized
+    generate_summary: Optional[Literal["auto", "concise", "detailed"]] = None
+
+
+class StreamOptions(Strict):
+    include_obfuscation: Optional[bool] = None  # no padding: a local stream has no one to hide its size from
+
+
+class NamedFunction(Strict):
+    type: Literal["function", "custom"]
+    name: FunctionName
+
+
+class AllowedTool(pydantic.BaseModel):
+    """One tool an allowed_tools choice names: a function or custom tool by name; a hosted tool (which is not
+    offered here) by its type."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+    type: str
+    name: Optional[str] = None
+
+
+class AllowedToolsChoice(Strict):
+    """The tools the model may call, of those offered (which the prompt shows all of)."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[AllowedTool]
+
+
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class JsonObjectTextFormat(Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaTextFormat(Strict):
+    type: Literal["json_schema"]
+    name: SchemaName
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: Optional[str] = None
+    strict: Optional[bool] = None
+
+
+class TextConfig(Strict):
+    format: Optional[Annotated[
+        Union[TextFormat, JsonObjectTextFormat, JsonSchemaTextFormat], Field(discriminator="type")]] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None  # accepted: a reply's length is max_output_tokens
+    def reply_format(self) -> Optional[ReplyFormat]:
+        if isinstance(self.format, JsonObjectTextFormat):
+            return ReplyFormat(JSON_OBJECT, strict=False, param="text.format")
+        if isinstance(self.format, JsonSchemaTextFormat):
+            return ReplyFormat(self.format.schema_, bool(self.format.strict), "text.format")
+        return None
+
+
+class ResponsesRequest(Strict):
+    model: str
+    input: Union[str, Annotated[list[InputItem], Field(min_length=1)]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    stream: bool = False
+    tools: Optional[list[ResponsesTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], Annotated[
+        Union[NamedFunction, AllowedToolsChoice], Field(discriminator="type")], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    store: Optional[bool] = None
+    previous_response_id: Optional[str] = None
+    metadata: Optional[Metadata] = None
+    service_tier: Optional[ServiceTier] = None
+    text: Optional[TextConfig] = None
+    truncation: Optional[Literal["disabled", "auto"]] = None  # auto: the oldest input goes until the prompt fits
+    user: Optional[User] = None
+    include: Optional[list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]]] = None
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
+    reasoning: Optional[ReasoningConfig] = None
+    max_tool_calls: Optional[Annotated[int, Field(ge=1)]] = None
+    stream_options: Optional[StreamOptions] = None
+    # Accepted as today's clients send them: see docs/PROTOCOLS.rst for what each does here.
+    prompt_cache_key: Optional[Annotated[str, Field(max_length=1024)]] = None
+    safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
+    client_metadata: Optional[dict[str, Any]] = None
+    background: bool = False  # answered after the POST returns: see api/background.py
+    background_options: Optional[BackgroundOptions] = None
+    prompt_cache_options: Optional[PromptCacheOptions] = None
+    prompt_cache_retention: Optional[Literal["in_memory", "24h"]] = None  # the prompt cache's budgets decide
+    image: Optional[ImageOptions] = None  # no images here: nothing to compress
+    access_programs: Optional[dict[str, Any]] = None  # one program here, the standard one
+    # Refused: see CANNOT
+    moderation: Optional[dict[str, Any]] = None
+    conversation: Union[str, dict[str, Any], None] = None
+    prompt: Optional[dict[str, Any]] = None
+    context_management: Optional[list[dict[str, Any]]] = None
+    # What the SGLang gateway writes into a Responses body: taken at these values (top_k -1 is off)
+    priority: Optional[int] = None  # one queue here: every request is served in turn
+    top_k: Literal[-1, 0] = -1
+    min_p: Annotated[float, Field(ge=0, le=0)] = 0.0
+    repetition_penalty: Annotated[float, Field(ge=1, le=1)] = 1.0
+
+    _refused = pydantic.field_validator("moderation", "conversation", "prompt", "context_management")(refuse_given)
+
+    @pydantic.field_validator("background")
+    @classmethod
+    def _stored(cls, background: bool, info: pydantic.ValidationInfo) -> bool:
+        if background and info.data.get("store") is False:
+            raise ValueError("a background response is stored, to be polled: background needs store true")
+        return background
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "ResponsesRequest":
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        return self
+
+    def instruction_messages(self) -> list[dict]:
+        """The instructions, as the conversation's system message (a previous response's are not carried over)."""
+        return [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
+
+    def input_messages(self) -> list[dict]:
+        """The input as chat messages, for the chat template."""
+        return self._input()[0]
+
+    def _input(self) -> tuple[list[dict], list[int]]:
+        """The input as chat messages, and how many of them each prompt_cache_breakpoint's prefix runs through."""
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}], []
+        messages: list[dict] = []
+        breaks: list[int] = []
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                messages.append({"role": template_role(item.role), "content": item.text()})
+                if isinstance(item.content, list) and any(getattr(p, "prompt_cache_breakpoint", None)
+                                                          for p in item.content):
+                    breaks.append(len(messages))
+            elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
+                arguments = json_object(item.arguments, "arguments") if isinstance(item, FunctionCallItem) \
+                    else custom_arguments(item.input)
+                if not messages or messages[-1]["role"] != "assistant":
+                    messages.append({"role": "assistant", "content": ""})
+                messages[-1].setdefault("tool_calls", []).append(template_tool_call(item.call_id, item.name,
+                                                                                    arguments))
+            elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
+                text = _tool_output_text(item.output)
+                messages.append({"role": "tool", "content": text, "tool_call_id": item.call_id})
+        return messages, breaks
+
+    def generation_request(self, conversation: list[dict]) -> GenerationRequest:
+        """What the body asks for, ``conversation`` (the previous response's and this input) as the prompt."""
+        effort = self.reasoning.effort if self.reasoning else None
+        messages = self.instruction_messages() + conversation
+        given, breaks = self._input()
+        before = len(messages) - len(given)  # the instructions and the previous responses' messages
+        return GenerationRequest(
+            self.model, prompt_param="input", messages=messages, cache_breaks=tuple(before + b for b in breaks),
+            tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
+            thinking=None if effort is None else effort not in ("none", "minimal"),
+            template_vars=template_variables(effort), truncate=self.truncation == "auto",
+            not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
+            sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
+            max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
+            cache_key=self.prompt_cache_key,
+        )
+
+    def functions(self) -> list[FunctionTool]:
+        """The functions offered to the model: the request's own, those of its namespaces, and its custom tools."""
+        offered = []
+        for tool in self.tools or ():
+            if isinstance(tool, NamespaceTool):
+                offered += tool.tools
+            elif isinstance(tool, FunctionTool):
+                offered.append(tool)
+            elif isinstance(tool, CustomTool):
+                offered.append(tool.as_function())
+        return offered
+
+    def custom_tools(self) -> frozenset[str]:
+        """The names of the custom tools: their calls are custom_tool_call items."""
+        return frozenset(t.name for t in self.tools or () if isinstance(t, CustomTool))
+
+    def namespaces(self) -> dict[str, str]:
+        """Each namespaced function's namespace, by its name."""
+        return {f.name: t.name for t in self.tools or () if isinstance(t, NamespaceTool) for f in t.tools}
+
+    def _tool_use(self) -> Optional[ToolUse]:
+        functions = self.functions()
+        if not functions:
+            return None
+        choice = self.tool_choice
+        allowed = choice if isinstance(choice, AllowedToolsChoice) else None
+        return ToolUse(
+            tuple(template_tool(t.name, t.description, t.parameters) for t in functions),
+            # strict is on unless the tool turns it off, as in OpenAI's Responses API
+            strict=frozenset(t.name for t in functions if t.strict is not False),
+            choice=choice if isinstance(choice, str) else "auto" if choice is None else
+            allowed.mode if allowed else "required",
+            name=choice.name if isinstance(choice, NamedFunction) else None,
+            max_calls=1 if self.parallel_tool_calls is False else self.max_tool_calls,
+            raw_inputs={t.name: t.lark for t in self.tools or () if isinstance(t, CustomTool) and t.lark is not None},
+            allowed=frozenset(t.name for t in allowed.tools if t.type in ("function", "custom"))
+            if allowed else None,
+        )
+
+    def _logprobs(self) -> Optional[int]:
+        """How many likeliest tokens to list with each output text token; None: no log probabilities."""
+        if self.top_logprobs is None and "message.output_text.logprobs" not in (self.include or ()):
+            return None
+        return self.top_logprobs or 0
+

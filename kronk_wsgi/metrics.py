@@ -35,7 +35,13 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._serving(self.registry)
+        self._prompt_cache(self.registry)
+        self._llamacpp(self.registry)
+        self._llamacpp_totals: dict[str, _Totals] = {}  # per model: this app's sums behind the averages
+
+    def _serving(self, r: CollectorRegistry) -> None:
+        """kronk's own: requests, their timings and tokens, slots and lines, background responses, model events."""
         self.requests = Counter(
             "kronk_requests", "Requests by route, model, status and outcome.",
             ["route", "model", "status", "outcome"], registry=r,
@@ -59,13 +65,19 @@ class Metrics:
         )
         self.active_streams = Gauge("kronk_active_generations", "Generations running on a slot.", ["model"], registry=r,
                                     multiprocess_mode="livesum")
-        self.slots = Gauge("kronk_slots", "Slots of loaded models by state: idle, prefilling, generating, saving "
+        self.slots = Gauge("kronk_slots", "Slots of loaded models by state: idle, prefilling, generating, finishing "
                            "(after an answer).", ["model", "state"], registry=r, multiprocess_mode="livesum")
         self.waiting = Gauge("kronk_requests_waiting", "Requests waiting in line for an admission place or a slot.",
                              ["model"], registry=r, multiprocess_mode="livesum")
         self.background_responses = Counter("kronk_background_responses", "Background responses by how they ended.",
                                             ["model", "status"], registry=r)
         self.rejected = Counter("kronk_rejected", "Requests refused with 429 after the admission wait.", ["model"], registry=r)
+        self.model_events = Counter(
+            "kronk_model_events", "Model loads, failed loads, unloads (idle, room, admin) and refused loads "
+            "(no_room, never_fits).", ["model", "event"], registry=r)
+
+    def _prompt_cache(self, r: CollectorRegistry) -> None:
+        """The prompt cache's lookups, saves and evictions, and what it holds."""
         self.prompt_cache_events = Counter(
             "kronk_prompt_cache_events", "Prompt cache lookups (hits, misses), states saved, evicted (from RAM, from "
             "disk) and disk entries found corrupt.", ["model", "event"], registry=r)
@@ -75,11 +87,9 @@ class Metrics:
                                             registry=r, multiprocess_mode="livesum")
         self.prompt_cache_disk_bytes = Gauge("kronk_prompt_cache_disk_bytes", "Saved states on disk (shared by the "
                                              "workers).", ["model"], registry=r, multiprocess_mode="max")
-        self.model_events = Counter(
-            "kronk_model_events", "Model loads, failed loads, unloads (idle, room, admin) and refused loads "
-            "(no_room, never_fits).", ["model", "event"], registry=r)
 
-        # llama-server's metrics, under its names, for the dashboards made for it: each labelled with the model.
+    def _llamacpp(self, r: CollectorRegistry) -> None:
+        """llama-server's metrics, under its names, for the dashboards made for it: each labelled with the model."""
         self.llamacpp_prompt_tokens = Counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.",
                                               ["model"], registry=r)
         self.llamacpp_prompt_tokens_cached = Counter("llamacpp:prompt_tokens_cached", "Number of prompt tokens "
@@ -118,7 +128,6 @@ class Metrics:
         self.accepted_by_position = Counter(
             "kronk_spec_decode_accepted_tokens", "Speculative: draft tokens accepted, by their place in their draft "
             "(1: the first).", ["model", "position"], registry=r)
-        self._llamacpp_totals: dict[str, _Totals] = {}  # per model: this app's sums behind the averages
 
     def generation_done(self, model: str, prompt_tokens: int, cached_tokens: int, prompt_seconds: float,
                         predicted: int, predicted_seconds: float, context_used: int, decodes: tuple[int, int]) -> None:

@@ -91,12 +91,12 @@ def test_a_prompt_gets_the_slot_its_conversation_is_in():
     assert stranger.slot is other
 
 
-def test_a_next_turn_waits_for_its_saving_slot_and_others_pass_it():
+def test_a_next_turn_waits_for_its_finishing_slot_and_others_pass_it():
     busy, empty = Held(list(range(100))), Held([])
     queue = scheduler([busy, empty], places=3)
     first = queue.wait_for_slot(list(range(90)), "")
     assert first.slot is busy
-    queue.set_state(busy, "saving")  # its answer is out
+    queue.finishing(busy)  # its answer is out
     next_turn = queue.wait_for_slot(list(range(110)), "")
     assert not next_turn.granted.is_set()  # it waits for its conversation's slot
     newcomer = queue.wait_for_slot([7, 8, 9], "")
@@ -110,7 +110,7 @@ def test_a_slot_given_back_before_its_last_event_was_relayed_stays_free():
     queue = scheduler([slot], places=2)
     first = queue.wait_for_slot(list(range(90)), "")
     queue.give_back(first.slot)  # its thread ended ...
-    queue.set_state(slot, "saving")  # ... before the loop relayed its answer's end
+    queue.finishing(slot)  # ... before the loop relayed its answer's end
     next_turn = queue.wait_for_slot(list(range(110)), "")
     assert next_turn.slot is slot
 
@@ -133,11 +133,17 @@ def test_the_states_are_counted_in_the_metrics():
     queue = scheduler(slots, places=2)
     metrics = queue.metrics
     ticket = queue.wait_for_slot([1], "")
-    queue.set_state(ticket.slot, "generating")
 
     def count(state: str) -> float:
         return metrics.registry.get_sample_value("kronk_slots", {"model": "m", "state": state})
 
-    assert (count("idle"), count("generating")) == (1, 1)
+    assert (count("idle"), count("prefilling")) == (1, 1)
+    queue.generating(ticket.slot)
+    assert (count("idle"), count("prefilling"), count("generating")) == (1, 0, 1)
+    queue.finishing(ticket.slot)
+    queue.generating(ticket.slot)  # no move back: the answer is out
+    assert (count("generating"), count("finishing")) == (0, 1)
     queue.give_back(ticket.slot)
-    assert (count("idle"), count("generating")) == (2, 0)
+    assert (count("idle"), count("finishing")) == (2, 0)
+    queue.finishing(ticket.slot)  # given back already: it stays idle
+    assert count("idle") == 2

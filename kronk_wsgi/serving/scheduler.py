@@ -9,8 +9,8 @@ timeout (Overloaded), its client leaving (ClientGone), or the server's drain
 Admitted requests wait in a second line for a slot. Whenever a slot is given
 back or a request joins, the line is served in order: each request gets the
 free slot whose cache its prompt continues furthest in its scope, else the
-free one unused longest. A request whose conversation's slot is still saving
-after its answer waits for that slot (its prompt is mostly there), and those
+free one unused longest. A request whose conversation's slot is still
+finishing after its answer waits for that slot (its prompt is mostly there), and those
 behind it may take the others. Nobody polls for a place or a slot: whoever
 frees one hands it over and wakes its new holder.
 """
@@ -31,7 +31,15 @@ CLIENT_POLL_SECONDS = 0.5
 # A slot is a prompt's own when the prompt continues at least this share of the slot's cached tokens.
 SIMILARITY = 0.5
 
-SLOT_STATES = ("idle", "prefilling", "generating", "saving")
+# A slot's states, each with the states it may move to. Handed out, a slot is prefilling; its first token makes
+# it generating; its answer out, it is finishing (its thread saves the prompt's state for the cache, if any, and
+# ends); given back, idle. Every move is made here (``_move``).
+SLOT_STATES = {
+    "idle": ("prefilling",),
+    "prefilling": ("generating", "finishing", "idle"),
+    "generating": ("finishing", "idle"),
+    "finishing": ("idle",),
+}
 
 
 class Overloaded(RuntimeError):
@@ -157,22 +165,28 @@ class Scheduler:
             self.give_back(ticket.slot)
             ticket.slot = None
 
-    def set_state(self, slot: Slot, state: str) -> None:
-        """A held slot's work moved on: ``prefilling`` when it is handed out, then ``generating``, then ``saving``
-        (after its answer). A slot given back already (its thread ended before the loop relayed its last event), or
-        of a model closed, stays as it is."""
-        if slot not in self._free and self.states.get(slot, state) != state:
-            self.states[slot] = state
-            self._report()
+    def generating(self, slot: Slot) -> None:
+        """The held slot's first token is out."""
+        self._move(slot, "generating")
+
+    def finishing(self, slot: Slot) -> None:
+        """The held slot's answer is out: set before the client can send its next turn, which waits for it."""
+        self._move(slot, "finishing")
 
     def give_back(self, slot: Slot) -> None:
         """The slot is idle again: the line is served."""
-        self.states[slot] = "idle"
+        self._move(slot, "idle")
         self._free.append(slot)
         self._serve()
         if len(self._free) == self.slot_count:
             self.idle.set()
-        self._report()
+
+    def _move(self, slot: Slot, state: str) -> None:
+        """The one place a slot's state changes. A move its state does not lead to is no move: a slot given back
+        already (its thread ended before the loop relayed its last event), or of a model closed, stays as it is."""
+        if state in SLOT_STATES.get(self.states.get(slot, ""), ()):
+            self.states[slot] = state
+            self._report()
 
     def close(self) -> None:
         """The model is unloaded: its gauges go to zero."""
@@ -199,13 +213,13 @@ class Scheduler:
                     continue  # the slot it names is busy: those behind it may take the others
                 best = ticket.wanted
             else:
-                saving = [slot for slot, state in self.states.items() if state == "saving"]
-                best = max(self._free + saving, key=lambda slot: _fit(ticket, slot))  # of equals, the first
-                if best in saving:
-                    continue  # its conversation's slot is still saving after its answer: it waits for that one
+                finishing = [slot for slot, state in self.states.items() if state == "finishing"]
+                best = max(self._free + finishing, key=lambda slot: _fit(ticket, slot))  # of equals, the first
+                if best in finishing:
+                    continue  # its conversation's slot is still finishing after its answer: it waits for that one
             self._free.remove(best)
             self.idle.clear()
-            self.states[best] = "prefilling"
+            self._move(best, "prefilling")
             self._slot_line.remove(ticket)
             ticket.slot = best
             ticket.granted.set()

@@ -203,7 +203,7 @@ class Session:
 
     def _relay(self, slot: Slot, channel: ThreadChannel, cancel: _Cancel) -> Iterator[Event]:
         """Pass the worker's events on, with keep-alives, deadline and disconnect checks; the slot's state follows
-        them (its answer out, it is saving: set before the client can send its next turn)."""
+        them (its first token out, it is generating; its answer out, finishing)."""
         labels = self.model.id
         scheduler = self.model.scheduler
         quiet_since = checked = time.monotonic()
@@ -217,12 +217,12 @@ class Session:
             batch: list[Event] = []
             for produced, item in items:
                 if not isinstance(item, OUTPUT):
-                    scheduler.set_state(slot, "saving")
+                    scheduler.finishing(slot)
                     yield from coalesce(batch)
                     yield self._finish(item)
                     return
                 if self.stats.time_to_first_token is None and not isinstance(item, PromptCached):
-                    scheduler.set_state(slot, "generating")
+                    scheduler.generating(slot)
                     self.stats.time_to_first_token = produced - self.started
                     self.metrics.time_to_first_token.labels(labels).observe(self.stats.time_to_first_token)
                 if isinstance(item, (TextDelta, ReasoningDelta, ArgumentsDelta)):

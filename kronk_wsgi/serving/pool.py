@@ -10,10 +10,11 @@ model), and, least recently used first, when another model needs room under
 """
 
 import contextlib
+import dataclasses
 import re
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional
 
 import gevent
 import gevent.event
@@ -22,7 +23,7 @@ from gevent.threadpool import ThreadPool
 
 from .. import hub
 from ..catalog import Progress, check_engine_options, load_engine, local_file
-from ..config import ConfigError, ModelSpec, Settings, Speculative
+from ..config import ConfigError, ModelSpec, Settings
 from ..describe import footprint
 from ..engine.base import DraftSlot, Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
@@ -96,6 +97,18 @@ def _stamp(path: Optional[Path]) -> Optional[tuple[int, int]]:
     return None if stat is None else (stat.st_size, stat.st_mtime_ns)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+    """What loading a model made, in a worker thread: its engine, its chat template, its slots, its file and the
+    draft model its slots draft with, if its setting names one."""
+
+    engine: Engine
+    template: ChatTemplate
+    slots: list[Slot]
+    path: Optional[Path] = None
+    draft_engine: Optional[Engine] = None
+
+
 class LoadedModel:
     """A model with PARALLEL slots, a worker thread per slot, and admission places.
 
@@ -106,45 +119,44 @@ class LoadedModel:
     chat template closes a turn with.
     """
 
-    def __init__(self, model_id: str, engine: Engine, template: ChatTemplate, slots: list[Slot], places: int,
-                 max_waiting: Optional[int], metrics: Metrics, unused: Callable[[], None], memory: int = 0,
-                 path: Optional[Path] = None, stop: Sequence[str] = (), shared_cache: bool = True,
-                 speculative: Optional[Speculative] = None, max_tokens: Optional[int] = None,
-                 draft_engine: Optional[Engine] = None) -> None:
+    def __init__(self, model_id: str, spec: ModelSpec, parts: ModelParts, memory: int, settings: Settings,
+                 metrics: Metrics, unused: Callable[[], None]) -> None:
         self.id = model_id
-        self.path = path  # its file, whose size and modification time must stay what they were at the load
-        self._stamp = _stamp(path)
-        self.engine = engine
-        self.draft_engine = draft_engine  # the draft model its slots draft with, if its setting names one
-        self.template = template
+        self.path = parts.path  # its file, whose size and modification time must stay what they were at the load
+        self._stamp = _stamp(parts.path)
+        self.engine = engine = parts.engine
+        self.draft_engine = parts.draft_engine
+        self.template = parts.template
         self.memory = memory  # bytes, estimated: the file and the slots' KV caches
-        self.places = places
+        self.places = places = settings.parallel * settings.queue_depth
         self.users = 0  # requests that hold the model: claimed, or holding an admission lease
         self._unused = unused  # called when the last of them lets go
         self.last_used = time.monotonic()
         self.keep_alive: Optional[float] = None  # seconds it stays loaded unused, as a client asked; < 0: for good
         # The turn's closing marker ends a reply as the vocabulary's end tokens do: as a control token, or as text
         # where the vocabulary has it only as text; so do the model's configured stops.
-        closing = reply_end(template)
+        closing = reply_end(parts.template)
         token = engine.tokenizer.control.get(closing or "")
         self.end_ids = engine.tokenizer.end_ids | ({token} if token is not None else set())
-        self.end_texts: tuple[str, ...] = ((closing,) if closing and token is None else ()) + tuple(stop)
-        self.max_tokens = max_tokens  # a reply's length where its request sets none: the model's setting
+        self.end_texts: tuple[str, ...] = ((closing,) if closing and token is None else ()) + tuple(spec.stop)
+        self.max_tokens = spec.max_tokens  # a reply's length where its request sets none: the model's setting
         # How replies are drafted, unless a request says otherwise: the model's setting
+        speculative = spec.speculative
         self.speculation = (Speculation(speculative.n_max, speculative.n_min, speculative.p_min)
                             if speculative is not None else None)
         self.created = int(time.time())
+        slots = parts.slots
         self.prompt_cache: Optional[PromptCache] = slots[0].state_cache if slots else None
         self.slot_threads = ThreadPool(len(slots))
         self.prep = ThreadPool(1)
         self._disk_writer = ThreadPool(1)  # prompt-cache disk writes, after the slot that saved is given back
-        self.scheduler = Scheduler(model_id, slots, places, max_waiting, metrics)
+        self.scheduler = Scheduler(model_id, slots, places, settings.max_waiting, metrics)
         # Whether other workers read the prompt cache's disk tier. Then an answer's state is saved as it ends, so
         # that its next turn finds it from any worker. Otherwise it stays in its slot until a prompt overwrites it
         # (Slot.reuse saves it first), the model goes or the worker stops: a next turn sent at once, which takes
         # the same slot, does not wait for a save it does not need; and a disk write leaves it time to arrive.
-        self.shared_cache = shared_cache
-        self.disk_write_grace = 0.0 if shared_cache else NEXT_TURN_GRACE  # seconds left to a next turn
+        self.shared_cache = settings.workers > 1
+        self.disk_write_grace = 0.0 if self.shared_cache else NEXT_TURN_GRACE  # seconds left to a next turn
         self._write_due: Optional[gevent.Greenlet] = None  # a disk write waiting for its time
 
     def file_changed(self) -> bool:
@@ -316,7 +328,7 @@ class ModelPool:
             memory = offload.call(gevent.get_hub().threadpool, self._footprint, spec)
             self._wait_for_room(model_id, memory, started + wait, everyone_gone)
             self._loading_memory[model_id] = memory
-            engine, draft_engine, template, slots, path = self._run_load(model_id, spec, everyone_gone)
+            parts = self._run_load(model_id, spec, everyone_gone)
         except (NoRoom, NeverFits, ClientGone) as exc:
             pending.set_exception(exc)
             raise
@@ -336,9 +348,7 @@ class ModelPool:
             self._loading_memory.pop(model_id, None)
             waiting = self._waiting.pop(model_id)
         # gevent objects belong to the hub's thread: build the model here, not in _load.
-        model = LoadedModel(model_id, engine, template, slots, self.settings.parallel * self.settings.queue_depth,
-                            self.settings.max_waiting, self.metrics, self._unused, memory, path, spec.stop,
-                            self.settings.workers > 1, spec.speculative, spec.max_tokens, draft_engine)
+        model = LoadedModel(model_id, spec, parts, memory, self.settings, self.metrics, self._unused)
         for _ in range(1 + waiting):
             model.claim()
         self.load_errors.pop(model_id, None)
@@ -349,7 +359,7 @@ class ModelPool:
         log.info(
             "model loaded", model=model_id, seconds=round(time.monotonic() - started, 3),
             context_length=model.engine.context_length, slots=self.settings.parallel,
-            threads=self.settings.threads_per_call(engine.kind.batched), memory_mb=round(memory / 1e6),
+            threads=self.settings.threads_per_call(model.engine.kind.batched), memory_mb=round(memory / 1e6),
         )
         if self.settings.idle_unload_seconds is not None:
             self._start_sweeper()
@@ -367,8 +377,7 @@ class ModelPool:
                 raise ClientGone()
         return pending.get()
 
-    def _run_load(self, model_id: str, spec: ModelSpec, everyone_gone: Callable[[], bool]
-                  ) -> tuple[Engine, Optional[Engine], ChatTemplate, list[Slot], Optional[Path]]:
+    def _run_load(self, model_id: str, spec: ModelSpec, everyone_gone: Callable[[], bool]) -> ModelParts:
         """Load in a worker thread; stop its download after ``load_timeout``, or once every request waiting for
         it has gone."""
         loading = self.loads[model_id] = hub.Download()
@@ -488,10 +497,8 @@ class ModelPool:
                 if ttl is not None and not model.in_use and now - model.last_used >= ttl:
                     self.unload(model.id, "keep_alive" if model.keep_alive is not None else "idle")
 
-    def _load(self, model_id: str, spec: ModelSpec, progress: Progress
-              ) -> tuple[Engine, Optional[Engine], ChatTemplate, list[Slot], Optional[Path]]:
-        """Runs in a worker thread: the engine, its draft model's, its chat template, its slots and its file
-        (``progress`` hears of its download)."""
+    def _load(self, model_id: str, spec: ModelSpec, progress: Progress) -> ModelParts:
+        """Runs in a worker thread: the model's parts (``progress`` hears of its download)."""
         engine = load_engine(model_id, spec, progress)
         if spec.speculative is not None and not engine.speculates:
             engine.close()
@@ -512,7 +519,7 @@ class ModelPool:
             cache = PromptCache(identity, ram, self.settings.prompt_cache_path(), disk)
             for slot in slots:
                 slot.state_cache = cache
-        return engine, draft_engine, template, slots, local_file(spec)
+        return ModelParts(engine, template, slots, local_file(spec), draft_engine)
 
     def _load_draft(self, model_id: str, path: Path, engine: Engine, slots: list[Slot]) -> Engine:
         """The draft model at ``path``, loaded beside the model: a slot of its own for each of its slots, of the same

@@ -152,6 +152,141 @@ class DecodeOptions:
     speculation: Optional[Speculation] = None
 
 
+class _Constraint:
+    """A grammar's hold on the reply: from its first token, or (``after``) once the text has reached that tag."""
+
+    def __init__(self, grammar: Optional[Grammar], after: str) -> None:
+        self._later = grammar.constraint() if grammar else None
+        self.active = None if after else self._later
+        self._start = TagWatch(after)
+
+    def allowed(self) -> Optional[np.ndarray]:
+        """What the next token may be (None: any)."""
+        return self.active.allowed() if self.active else None
+
+    def take(self, token: int, piece: bytes) -> None:
+        if self.active:
+            self.active.take(token)
+        elif self._later and self._start.feed(piece):
+            self.active = self._later
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.active) and self.active.complete
+
+
+class _ThinkingBudget:
+    """Closes a reply that starts inside a thinking block after ``budget`` tokens, by forcing the closing tag's
+    tokens (``closing``), unless the text closed it first."""
+
+    def __init__(self, close: str, budget: Optional[int], closing: Callable[[], list[int]]) -> None:
+        self.open = bool(close) and budget is not None
+        self._budget = budget or 0
+        self._end = TagWatch(close)
+        self._closing = closing
+        self._forcing: list[int] = []
+
+    def forced(self, produced: int) -> Optional[int]:
+        """The token the next pick must be, ``produced`` tokens into the reply (None: no such token)."""
+        if self.open and not self._forcing and produced >= self._budget:
+            self._forcing = self._closing()
+        if not self._forcing:
+            return None
+        self.open = len(self._forcing) > 1
+        return self._forcing.pop(0)
+
+    def feed(self, piece: bytes) -> None:
+        if self.open and not self._forcing:
+            self.open = not self._end.feed(piece)
+
+
+class _Picker:
+    """Picks a reply's next token from the logits after the last one (the engine calls it right after its call):
+    the sampler's draw among the ``allowed`` tokens, or the ``forced`` one, and no end token before ``min_tokens``
+    (``produced`` so far); ``picked`` keeps its log probabilities, when the options ask for them."""
+
+    def __init__(self, options: DecodeOptions, sampler: Sampler) -> None:
+        self._options = options
+        self._sampler = sampler
+        self.allowed: Optional[np.ndarray] = None
+        self.forced: Optional[int] = None
+        self.produced = 0
+        self.picked: Optional[SampledToken] = None
+
+    def __call__(self, logits: np.ndarray) -> int:
+        options = self._options
+        mask = self.allowed
+        if self.forced is not None:
+            mask = np.zeros(len(logits), dtype=bool)
+            mask[self.forced] = True
+        elif self.produced < options.min_tokens and options.end_ids:
+            mask = np.ones(len(logits), dtype=bool) if mask is None else mask.copy()
+            mask[list(options.end_ids)] = False
+        token = self._sampler.sample(logits, mask)
+        if options.top_logprobs is not None and token not in options.end_ids:
+            logprob, top = logprobs(logits, token, options.top_logprobs)
+            self.picked = SampledToken(token, logprob, tuple(top))
+        return token
+
+
+class _DraftAndCheck:
+    """Speculation's step: after a token, a draft of those to follow goes into the same engine call, and the next
+    picks are made on its rows of logits, each kept while it is the drafted token; at the first that differs, the
+    rest of the draft leaves the cache. The slot's draft model drafts, if it has one, following the prompt; else
+    n-gram lookup in it. A draft model's slot holds no other cache scope's text (what it reuses would show in how
+    fast a reply comes)."""
+
+    def __init__(self, generation: "Generation", speculation: Speculation) -> None:
+        self._generation = generation
+        self._speculation = speculation
+        slot = generation.slot
+        if slot.draft is None:
+            self.drafter: Union[NgramDrafter, ModelDrafter] = NgramDrafter(generation.prompt, slot.draft_costs)
+        else:
+            slot.draft.slot.enter(slot.scope)
+            self.drafter = ModelDrafter(generation.prompt, slot.draft_costs, slot.draft, speculation.p_min,
+                                        generation.cancelled)
+        self._draft: list[int] = []  # drafted tokens in the cache, after the token before them
+        self._rows: Optional[np.ndarray] = None  # the logits after that token and after each drafted one
+        self._checked = 0  # drafted tokens taken so far
+
+    def next(self, previous: int, pick: Callable[[np.ndarray], int]) -> int:
+        """The token after ``previous``: on a checked draft's row, or decoded with a new draft after it, or alone."""
+        slot, drafter = self._generation.slot, self.drafter
+        if self._rows is None:
+            self._draft = self._drafted()
+            if self._draft:
+                started = time.perf_counter()
+                self._rows, self._checked = slot.decode_each([previous, *self._draft]), 0
+                drafter.costs.record(len(self._draft) + 1, time.perf_counter() - started)
+        if self._rows is None:
+            started = time.perf_counter()
+            token = slot.decode([previous], pick)
+            drafter.costs.record(1, time.perf_counter() - started)
+            return token
+        token = pick(self._rows[self._checked])
+        if self._checked < len(self._draft) and token == self._draft[self._checked]:
+            self._checked += 1  # in the cache already: the next pick is on the next row
+            self._generation.drafting.took(self._checked)
+        else:
+            if self._checked < len(self._draft):
+                slot.truncate(len(slot.cached) - (len(self._draft) - self._checked))
+            drafter.checked(len(self._draft), self._checked)
+            self._rows = None
+        return token
+
+    def _drafted(self) -> list[int]:
+        """A draft to check after the last token picked: no longer than the reply or the context has room for."""
+        generation, speculation = self._generation, self._speculation
+        room = min(speculation.n_max, generation.options.max_tokens - generation.completion_tokens,
+                   generation.context_length - generation.evaluated - 1)
+        draft = self.drafter.draft(room, speculation.n_min) if room > 0 else []
+        if draft:
+            generation.drafting.drafts += 1
+            generation.drafting.drafted += len(draft)
+        return draft
+
+
 class Generation:
     """One reply on one slot, decoded as ``options`` say; iterate it for text deltas.
 
@@ -206,29 +341,10 @@ class Generation:
         return [control] if control is not None else self.tokenizer.continuation(tag)
 
     @property
-    def _evaluated(self) -> int:
+    def evaluated(self) -> int:
         """Where the last token picked goes in the cache once decoded: the prompt, then every token picked before it
         (drafted ones the cache holds beyond it do not count)."""
         return len(self.prompt) + self.completion_tokens - 1
-
-    def _drafter(self, speculation: Speculation) -> Union[NgramDrafter, ModelDrafter]:
-        """The slot's draft model, if it has one, following the prompt; else n-gram lookup in it. A draft model's
-        slot holds no other cache scope's text (what it reuses would show in how fast a reply comes)."""
-        slot = self.slot
-        if slot.draft is None:
-            return NgramDrafter(self.prompt, slot.draft_costs)
-        slot.draft.slot.enter(slot.scope)
-        return ModelDrafter(self.prompt, slot.draft_costs, slot.draft, speculation.p_min, self.cancelled)
-
-    def _draft(self, drafter: Union[NgramDrafter, ModelDrafter], speculation: Speculation) -> list[int]:
-        """A draft to check after the last token picked: no longer than the reply or the context has room for."""
-        room = min(speculation.n_max, self.options.max_tokens - self.completion_tokens,
-                   self.context_length - self._evaluated - 1)
-        draft = drafter.draft(room, speculation.n_min) if room > 0 else []
-        if draft:
-            self.drafting.drafts += 1
-            self.drafting.drafted += len(draft)
-        return draft
 
     def reuse(self) -> None:
         """Decide how much of the prompt the slot's cache serves (``cached_tokens``, ``cache_written``), before
@@ -238,124 +354,82 @@ class Generation:
         self._reused = True
 
     def __iter__(self) -> Iterator[str]:
-        slot, options = self.slot, self.options
-        if not self._reused:
-            self.reuse()
-        slot.evaluate(self.prompt, self.cancelled)
+        """Prefill, then per token: pick it (drafting and checking ahead, with speculation), turn it into text,
+        and stop where the options say."""
+        options, slot = self.options, self.slot
+        self._prefill()
         if options.max_tokens <= 0:  # the prompt evaluated into the cache, and nothing generated
             self.finish_reason = "length"
             return
-        sampler = Sampler(options.sampling, self.prompt, self.choice)
+        pick = _Picker(options, Sampler(options.sampling, self.prompt, self.choice))
+        constraint = _Constraint(options.grammar, options.constrain_after)
+        thinking = _ThinkingBudget(options.thinking_close, options.thinking_budget,
+                                   lambda: self._tokens_of(options.thinking_close))
+        speculating = _DraftAndCheck(self, options.speculation) if options.speculation else None
         text = ReplyText(self.tokenizer, options)
-        later = options.grammar.constraint() if options.grammar else None  # once the text reaches constrain_after
-        constraint = None if options.constrain_after else later
-        constraint_start = TagWatch(options.constrain_after)
-        thinking = bool(options.thinking_close) and options.thinking_budget is not None
-        thinking_end = TagWatch(options.thinking_close)
-        closing: list[int] = []  # the closing tag's tokens, forced once the budget is spent
-        allowed: Optional[np.ndarray] = None  # what the next token may be (None: any), or
-        forced: Optional[int] = None  # what it must be
-        sampled: Optional[SampledToken] = None
-
-        def pick(logits: np.ndarray) -> int:
-            """The next token (and its log probabilities): the engine runs it right after its call."""
-            nonlocal sampled
-            mask = allowed
-            if forced is not None:
-                mask = np.zeros(len(logits), dtype=bool)
-                mask[forced] = True
-            elif self.completion_tokens < options.min_tokens and options.end_ids:
-                mask = np.ones(len(logits), dtype=bool) if mask is None else mask.copy()
-                mask[list(options.end_ids)] = False
-            token = sampler.sample(logits, mask)
-            if options.top_logprobs is not None and token not in options.end_ids:
-                logprob, top = logprobs(logits, token, options.top_logprobs)
-                sampled = SampledToken(token, logprob, tuple(top))
-            return token
-
-        speculation = options.speculation
-        drafter = self._drafter(speculation) if speculation else None
-        draft: list[int] = []  # drafted tokens in the cache, after the token before them
-        rows: Optional[np.ndarray] = None  # the logits after that token and after each drafted one
-        checked = 0  # drafted tokens taken so far
-
-        def advance(previous: Optional[int]) -> int:
-            """The next token: picked on the prefill's logits, on a checked draft's, or after decoding ``previous``
-            (with a draft after it, when one is found)."""
-            nonlocal draft, rows, checked
-            if previous is None:
-                token = pick(slot.logits())
-            else:
-                if rows is None and drafter is not None:
-                    draft = self._draft(drafter, speculation)
-                    if draft:
-                        started = time.perf_counter()
-                        rows, checked = slot.decode_each([previous, *draft]), 0
-                        drafter.costs.record(len(draft) + 1, time.perf_counter() - started)
-                if rows is None:
-                    started = time.perf_counter()
-                    token = slot.decode([previous], pick)
-                    if drafter is not None:
-                        drafter.costs.record(1, time.perf_counter() - started)
-                else:
-                    token = pick(rows[checked])
-                    if checked < len(draft) and token == draft[checked]:
-                        checked += 1  # in the cache already: the next pick is on the next row
-                        self.drafting.took(checked)
-                    else:
-                        if checked < len(draft):
-                            slot.truncate(len(slot.cached) - (len(draft) - checked))
-                        drafter.checked(len(draft), checked)
-                        rows = None
-            if drafter is not None:
-                drafter.add(token)
-            return token
-
         token: Optional[int] = None
         while True:
-            allowed = constraint.allowed() if constraint else None
-            forced = None
-            if thinking and not closing and self.completion_tokens >= options.thinking_budget:
-                closing = self._tokens_of(options.thinking_close)
-            if closing:
-                forced = closing.pop(0)
-                thinking = bool(closing)
-            token = advance(token)
-            if options.token_ids:  # an end token's too, as llama-server reports them
-                self.token_ids.append(token)
-            if token in options.end_ids:
-                self.finish_reason = "stop"
+            pick.allowed, pick.forced = constraint.allowed(), thinking.forced(self.completion_tokens)
+            pick.produced = self.completion_tokens
+            if token is None:
+                token = pick(slot.logits())
+            elif speculating is not None:
+                token = speculating.next(token, pick)
+            else:
+                token = slot.decode([token], pick)
+            if speculating is not None:
+                speculating.drafter.add(token)
+            if not self._took(token, pick):
                 break
-            self.completion_tokens += 1
-            if sampled is not None:
-                self.sampled.append(sampled)
-                sampled = None
             piece = text.piece(token)
-            if thinking and not closing:
-                thinking = not thinking_end.feed(piece)
-            if constraint:
-                constraint.take(token)
-            elif later and constraint_start.feed(piece):
-                constraint = later
+            thinking.feed(piece)
+            constraint.take(token, piece)
             out = text.feed(piece)
             if out:
                 yield out
             if text.stopped:
-                self.finish_reason = "stop"
-                self.stop_sequence = text.stop_sequence
+                self._stopped(text)
                 return
-            if constraint and constraint.complete:
-                self.finish_reason = "stop"
-                break
-            if self.completion_tokens >= options.max_tokens or self._evaluated >= self.context_length:
-                self.finish_reason = "length"
-                self.window_full = len(self.prompt) + self.completion_tokens >= self.context_length
+            if self._ended(constraint):
                 break
             if self.cancelled():
                 raise Cancelled()
         tail = text.finish()
         if text.stopped:
-            self.finish_reason = "stop"
-            self.stop_sequence = text.stop_sequence
+            self._stopped(text)
         if tail:
             yield tail
+
+    def _prefill(self) -> None:
+        """The prompt into the slot's cache, past what the cache served."""
+        if not self._reused:
+            self.reuse()
+        self.slot.evaluate(self.prompt, self.cancelled)
+
+    def _took(self, token: int, pick: _Picker) -> bool:
+        """Count a picked token into the reply; False if it is an end token, which ends it."""
+        if self.options.token_ids:  # an end token's too, as llama-server reports them
+            self.token_ids.append(token)
+        if token in self.options.end_ids:
+            self.finish_reason = "stop"
+            return False
+        self.completion_tokens += 1
+        if pick.picked is not None:
+            self.sampled.append(pick.picked)
+            pick.picked = None
+        return True
+
+    def _ended(self, constraint: _Constraint) -> bool:
+        """Whether the reply ends after its last token: its grammar complete, or no room left."""
+        if constraint.complete:
+            self.finish_reason = "stop"
+            return True
+        if self.completion_tokens >= self.options.max_tokens or self.evaluated >= self.context_length:
+            self.finish_reason = "length"
+            self.window_full = len(self.prompt) + self.completion_tokens >= self.context_length
+            return True
+        return False
+
+    def _stopped(self, text: ReplyText) -> None:
+        self.finish_reason = "stop"
+        self.stop_sequence = text.stop_sequence

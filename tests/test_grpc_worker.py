@@ -16,6 +16,7 @@ from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 
+from kronk_wsgi.api.planning import Ending
 from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
 from kronk_wsgi.grpc_worker.replies import Replies
@@ -46,8 +47,9 @@ def test_a_call_becomes_a_generation_request():
                                       presence_penalty=0.25, repetition_penalty=1.1, max_new_tokens=12,
                                       stop=["\n\n"], stop_token_ids=[7], min_new_tokens=2, ignore_eos=True, n=2,
                                       logit_bias={"5": -100.0}, json_schema='{"type": "object"}'), "m")
-    assert request.prompts == [[1, 2, 3]] and request.n == 2 and request.max_tokens == 12 and request.min_tokens == 2
-    assert request.stop == ("\n\n",) and request.stop_ids == (7,) and request.ignore_eos and request.token_ids
+    assert request.prompts == [[1, 2, 3]] and request.n == 2 and request.max_tokens == 12
+    assert request.ending == Ending(ignore_eos=True, stop_ids=(7,), min_tokens=2)
+    assert request.stop == ("\n\n",) and request.token_ids
     s = request.sampling
     assert (s.temperature, s.top_p, s.top_k, s.min_p) == pytest.approx((0.7, 0.9, 40, 0.05))
     assert (s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == pytest.approx((0.5, 0.25, 1.1))

@@ -83,6 +83,47 @@ class ToolUse:
 
 
 @dataclasses.dataclass(frozen=True)
+class Ending:
+    """Where a reply may end besides its stop texts and its limit: at the model's end tokens (with ``ignore_eos``
+    not: it goes on to its limit, as SGLang and vLLM have it), at ``stop_ids`` as at those, and at neither before
+    ``min_tokens`` tokens."""
+
+    ignore_eos: bool = False
+    stop_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    stop_ids_param: str = "stop_token_ids"
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """A smaller context window than the model's, for prompt and reply (Ollama's num_ctx), and the body's name
+    for it."""
+
+    tokens: int
+    param: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotChoice:
+    """The slot to run on, by number (llama-server's id_slot), and the body's name for it."""
+
+    number: int
+    param: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafting:
+    """Speculative decoding as a request sets it: the longest draft (0: none), the shortest draft checked, and a
+    draft model's least probability of a drafted token, each None where the model's setting holds; ``params``
+    names the three as the body does."""
+
+    n_max: Optional[int] = None
+    n_min: Optional[int] = None
+    p_min: Optional[float] = None
+    params: tuple[str, str, str] = ("n_max", "n_min", "p_min")
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationRequest:
     """One request for generation, whatever protocol it came in.
 
@@ -116,24 +157,16 @@ class GenerationRequest:
     top_logprobs: Optional[int] = None
     token_ids: bool = False  # each generated token's id is reported (TokenIds)
     not_offered: tuple[str, ...] = ()  # hosted tools the request named that this server cannot run (said, not hidden)
-    ignore_eos: bool = False  # the reply goes on past end tokens, to max_tokens (SGLang's and vLLM's field)
-    stop_ids: tuple[int, ...] = ()  # tokens that end the reply as the model's end tokens do
-    min_tokens: int = 0  # the reply does not end at an end token before this many tokens
-    context: Optional[int] = None  # a smaller context window than the model's, prompt and reply (Ollama's num_ctx)
-    context_param: str = "num_ctx"
+    ending: Ending = Ending()
+    window: Optional[Window] = None
     # Hints of what the prompt cache should keep: the conversation's prefix through each of these many
     # ``messages`` (Anthropic's cache_control breakpoints), and the part a prompt shares with the last one
     # sent with the same key (OpenAI's prompt_cache_key).
     cache_breaks: tuple[int, ...] = ()
     cache_key: Optional[str] = None
     cache_scope: str = ""  # whose cached prefixes the prompt may reuse (Slot.enter); set by the server, not a client
-    slot: Optional[int] = None  # the slot to run on, by number (llama-server's id_slot); None: the best free one
-    # Speculative decoding's longest draft (0: none), shortest checked draft, and a draft model's least probability
-    # of a drafted token; None: the model's setting
-    draft_max: Optional[int] = None
-    draft_min: Optional[int] = None
-    draft_p_min: Optional[float] = None
-    slot_param: str = "id_slot"
+    slot: Optional[SlotChoice] = None  # None: the best free one
+    drafting: Drafting = Drafting()
 
     @property
     def calls_tools(self) -> bool:
@@ -217,10 +250,11 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
     room = context - max(map(len, token_lists))
     asked = request.max_tokens if request.max_tokens is not None else model.max_tokens
     limit = room if asked is None else min(asked, room)  # clamped, as llama-server does
-    stop_ids = frozenset(known_ids(tokenizer.vocab_size, request.stop_ids, "stop_token_ids", indexed=False))
+    ending = request.ending
+    stop_ids = frozenset(known_ids(tokenizer.vocab_size, ending.stop_ids, ending.stop_ids_param, indexed=False))
     decode = DecodeOptions(
-        end_ids=stop_ids | (frozenset() if request.ignore_eos else model.end_ids), min_tokens=request.min_tokens,
-        end_texts=() if request.ignore_eos else model.end_texts,
+        end_ids=stop_ids | (frozenset() if ending.ignore_eos else model.end_ids), min_tokens=ending.min_tokens,
+        end_texts=() if ending.ignore_eos else model.end_texts,
         max_tokens=limit,
         sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),
         grammar=_grammar(model, grammar_text, request), constrain_after=grammar_after,
@@ -235,33 +269,38 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
                  "repetition_window": "repeat_last_n"}.get(what, what)
         raise invalid(f"{param}: {why}", param=param)
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
-    slots = len(model.scheduler.slots)
-    if request.slot is not None and not 0 <= request.slot < slots:
-        raise invalid(f"{request.slot_param} {request.slot} is not a slot of this model (it has {slots})",
-                      param=request.slot_param)
     return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at, request.cache_scope,
-                         request.slot)
+                         _slot(model, request.slot))
+
+
+def _slot(model: LoadedModel, choice: Optional[SlotChoice]) -> Optional[int]:
+    """The slot the request runs on, if it names one; 400 if the model has no such slot."""
+    slots = len(model.scheduler.slots)
+    if choice is not None and not 0 <= choice.number < slots:
+        raise invalid(f"{choice.param} {choice.number} is not a slot of this model (it has {slots})",
+                      param=choice.param)
+    return None if choice is None else choice.number
 
 
 def _speculation(model: LoadedModel, request: GenerationRequest) -> Optional[Speculation]:
     """How the replies are drafted: as the model's setting says, unless the request sets a draft length (0: off) or
     a draft model's least probability."""
-    if request.draft_max == 0:
+    asked = request.drafting
+    if asked.n_max == 0:
         return None
-    asked = {"speculative.n_max": request.draft_max, "speculative.n_min": request.draft_min,
-             "speculative.p_min": request.draft_p_min}
-    if all(value is None for value in asked.values()):
+    n_max, n_min, p_min = asked.params
+    given = {n_max: asked.n_max, n_min: asked.n_min, p_min: asked.p_min}
+    if all(value is None for value in given.values()):
         return model.speculation
     if not model.engine.speculates:
         raise invalid(f"speculative decoding: the {model.engine.kind.name} engine cannot check drafts",
-                      param=next(name for name, value in asked.items() if value is not None))
+                      param=next(name for name, value in given.items() if value is not None))
     default = model.speculation or Speculation()
-    longest = request.draft_max or default.n_max
-    if request.draft_min is not None and request.draft_min > longest:
-        raise invalid(f"speculative.n_min {request.draft_min} is more than the longest draft, {longest} "
-                      "(speculative.n_max)", param="speculative.n_min")
-    return Speculation(longest, min(longest, default.n_min if request.draft_min is None else request.draft_min),
-                       default.p_min if request.draft_p_min is None else request.draft_p_min)
+    longest = asked.n_max or default.n_max
+    if asked.n_min is not None and asked.n_min > longest:
+        raise invalid(f"{n_min} {asked.n_min} is more than the longest draft, {longest} ({n_max})", param=n_min)
+    return Speculation(longest, min(longest, default.n_min if asked.n_min is None else asked.n_min),
+                       default.p_min if asked.p_min is None else asked.p_min)
 
 
 def _save_points(model: LoadedModel, request: GenerationRequest, prompt: Union[Prompt, RenderedPrompt],
@@ -488,13 +527,13 @@ def _sampling(model: LoadedModel, sampling: SamplingParams) -> SamplingParams:
 
 def _context(model: LoadedModel, request: GenerationRequest) -> int:
     """The context window the request is served in: the model's, or the smaller one it asked for; 400 if larger."""
-    loaded = model.engine.context_length
-    if request.context is None:
+    loaded, window = model.engine.context_length, request.window
+    if window is None:
         return loaded
-    if request.context > loaded:
-        raise invalid(f"{request.context_param} {request.context} is larger than this model's loaded context of "
-                      f"{loaded} tokens; raise its context_length in the configuration", param=request.context_param)
-    return request.context
+    if window.tokens > loaded:
+        raise invalid(f"{window.param} {window.tokens} is larger than this model's loaded context of {loaded} "
+                      "tokens; raise its context_length in the configuration", param=window.param)
+    return window.tokens
 
 
 def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,

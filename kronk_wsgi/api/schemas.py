@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine.sampling import SamplingParams
 from ..serving.formats import custom_arguments
 from .errors import invalid
-from .planning import JSON_OBJECT, MAX_CHOICES, MAX_PATTERN_LENGTH, GenerationRequest, ReplyFormat, ToolUse
+from .planning import (
+    JSON_OBJECT, MAX_CHOICES, MAX_PATTERN_LENGTH, Ending, GenerationRequest, ReplyFormat, ToolUse,
+)
 
 
 class Strict(BaseModel):
@@ -449,7 +451,7 @@ class ChatCompletionRequest(SamplingFields):
             sampling=self.sampling(), stop=self.stop_sequences(),
             max_tokens=self.max_completion_tokens or self.max_tokens,
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
-            top_logprobs=(self.top_logprobs or 0) if self.logprobs else None, ignore_eos=self.ignore_eos,
+            top_logprobs=(self.top_logprobs or 0) if self.logprobs else None, ending=Ending(ignore_eos=self.ignore_eos),
             not_offered=("web_search",) if self.web_search_options is not None else (),
             cache_key=self.prompt_cache_key,
             cache_breaks=tuple(index + 1 for index, message in enumerate(self.messages)

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Optional
 
-from ..api.planning import GenerationRequest, ReplyFormat
+from ..api.planning import Ending, GenerationRequest, ReplyFormat
 from ..engine.sampling import SamplingParams
 
 # A float32 field of the protocol that is unset reads as 0; these are never meant as 0 (SGLang reads them so too).
@@ -41,9 +41,9 @@ def generation_request(call, model_id: str) -> GenerationRequest:
     return GenerationRequest(
         model=model_id, prompt_param="tokenized.input_ids", prompts=[ids], n=max(params.n, 1),
         reply_format=_constraint(params), sampling=_sampling(params), stop=tuple(params.stop),
-        stop_ids=tuple(params.stop_token_ids), min_tokens=params.min_new_tokens,
+        ending=Ending(params.ignore_eos, tuple(params.stop_token_ids), params.min_new_tokens),
         max_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
-        max_tokens_param="max_new_tokens", top_logprobs=top_logprobs, token_ids=True, ignore_eos=params.ignore_eos,
+        max_tokens_param="max_new_tokens", top_logprobs=top_logprobs, token_ids=True,
     )
 
 

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from ...serving.events import ChoiceEnd, Event, Finished, Logprobs, TextDelta, TokenLogprob
 from ..body import parse_body
-from ..planning import GenerationRequest
+from ..planning import Ending, GenerationRequest
 from ..protocol import Protocol
 from ..response import respond
 from ..schemas import SamplingFields, StreamOptions, grammar_fields
@@ -66,7 +66,7 @@ class CompletionRequest(SamplingFields):
         return GenerationRequest(
             self.model, prompt_param="prompt", prompts=self.prompts(), n=self.n, sampling=self.sampling(),
             stop=self.stop_sequences(), max_tokens=self.max_completion_tokens or self.max_tokens,
-            top_logprobs=self.logprobs, ignore_eos=self.ignore_eos,
+            top_logprobs=self.logprobs, ending=Ending(ignore_eos=self.ignore_eos),
             reply_format=grammar_fields(self.grammar, self.json_schema),
         )
 

@@ -12,7 +12,7 @@ from ....serving import offload
 from ....serving.pool import LoadedModel
 from ...body import parse_body
 from ...errors import ApiError, invalid
-from ...planning import GenerationRequest, known_ids, render_chat
+from ...planning import Drafting, Ending, GenerationRequest, SlotChoice, known_ids, render_chat
 from ...ranking import document_text, rank
 from ...response import respond
 from ...schemas import grammar_fields, template_tool, template_variables
@@ -30,6 +30,7 @@ FIM_BATCH = 2048  # the batch llama-server fits an infill's prefix and suffix in
 FIM_PROJECT = "myproject\n"
 FIM_FILE = "filename\n"
 SNIPPET = "\n\n--- snippet ---\n\n"  # what separates extra files for a model without a file separator token
+DRAFT_PARAMS = ("speculative.n_max", "speculative.n_min", "speculative.p_min")  # the body's names for them
 
 
 def _model(given: Optional[str]) -> str:
@@ -137,10 +138,10 @@ def _complete(body: CompletionBody, build) -> Any:
         generation = GenerationRequest(
             model_id, prompt_param="prompt", prompts=prompts, n=body.n_cmpl, sampling=body.sampling(bias, window),
             stop=tuple(body.stop), max_tokens=body.limit, max_tokens_param="n_predict",
-            top_logprobs=body.n_probs or None, token_ids=True, ignore_eos=body.ignore_eos,
+            top_logprobs=body.n_probs or None, token_ids=True, ending=Ending(ignore_eos=body.ignore_eos),
             reply_format=grammar_fields(body.grammar, body.json_schema),
-            slot=None if body.id_slot == -1 else body.id_slot,
-            draft_max=body.speculative_n_max, draft_min=body.speculative_n_min, draft_p_min=body.speculative_p_min,
+            slot=None if body.id_slot == -1 else SlotChoice(body.id_slot, "id_slot"),
+            drafting=Drafting(body.speculative_n_max, body.speculative_n_min, body.speculative_p_min, DRAFT_PARAMS),
         )
         session = start_generation(generation)
         banned = tuple((token, float("-inf")) for token in sorted(model.end_ids)) if body.ignore_eos else ()

@@ -11,7 +11,7 @@ from ....engine.sampling import SamplingParams
 from ....serving.reasoning import reasons
 from ...body import parse_body
 from ...errors import ApiError, invalid
-from ...planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from ...planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse, Window
 from ...ranking import document_text, rank
 from ...response import respond, run_to_end
 from ...schemas import template_tool, template_variables
@@ -107,8 +107,8 @@ def generation_request(body: Generating, model_id: str, **prompt: Any) -> Genera
     return GenerationRequest(
         model_id, reply_format=reply_format(body.format), sampling=sampling(options),
         stop=tuple(options.stop or ()), max_tokens=max_tokens, max_tokens_param="options.num_predict",
-        top_logprobs=(body.top_logprobs or 0) if body.logprobs else None, context=options.num_ctx,
-        context_param="options.num_ctx",
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        window=None if options.num_ctx is None else Window(options.num_ctx, "options.num_ctx"),
         template_vars=template_variables(body.think if isinstance(body.think, str) else None), **prompt,
     )
 

@@ -122,7 +122,9 @@ def in_process_pool(tiny_model):
 
 def test_a_load_that_fails_unexpectedly_reaches_every_waiter(in_process_pool, monkeypatch):
     def failing(model_id, spec, progress):
-        time.sleep(0.3)  # in the loading thread: the other requests arrive and wait
+        deadline = time.monotonic() + 30
+        while pool._waiting.get("a", 0) < 3 and time.monotonic() < deadline:  # the other requests arrive and wait
+            time.sleep(0.01)
         raise OSError("disk full while writing the prepared copy")
 
     monkeypatch.setattr(pool_module, "load_engine", failing)

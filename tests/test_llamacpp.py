@@ -283,7 +283,10 @@ def test_a_prompt_after_another_slots_stream_has_ended_goes_in_large_calls(smoll
     engine = llamacpp_engine.LlamaCppEngine("smol", smollm2, context_length=2048)
     first, second = engine.new_slots(2, 1)
     first.prefill(engine.tokenizer.prompt("Hello"))
-    time.sleep(0.5)  # 50 times what a running stream takes to come back: the first slot's stream has ended
+    deadline = time.monotonic() + 30
+    while not engine._batcher.alone(second._seq):  # the first slot's stream has ended: it is past its gather time
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     prompt = engine.tokenizer.prompt(" ".join(f"item {i}" for i in range(350)))
     before = engine._batcher.calls
     second.prefill(prompt)

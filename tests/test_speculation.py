@@ -25,7 +25,7 @@ from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.generate import DecodeOptions, Generation
 from kronk_wsgi.engine.grammar import Grammar, json_schema_grammar
 from kronk_wsgi.engine.sampling import SamplingParams
-from kronk_wsgi.engine.speculation import DraftCosts, ModelDrafter, NgramDrafter, Speculation, shared_vocabulary
+from kronk_wsgi.engine.speculation import DraftCosts, NgramDrafter, Speculation, shared_vocabulary
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
 from kronk_wsgi.testing import metric, run_server
 from kronk_wsgi.testing.random_models import write_draft_model
@@ -37,7 +37,10 @@ if not llamacpp_engine.available():
 
 CODE = "".join(f"def area_{i}(width, height):\n    return width * height + {i}\n\n" for i in range(8))
 PROMPTS = {
-    "code": f"<|im_start|>user\nRepeat this code exactly:\n{CODE}<|im_end|>\n<|im_start|>assistant\n{CODE[:60]}",
+    # The reply begun at a name's opening bracket: a prompt cut inside a word ("de") was read as another word on
+    # some CPUs' numerics, and the reply did not copy at all.
+    "code": f"<|im_start|>user\nRepeat this code exactly:\n{CODE}<|im_end|>\n<|im_start|>assistant\n"
+            + CODE[:CODE.index("def area_1")] + "def area_1(",
     "chat": "<|im_start|>user\nWhat is the capital of France? Tell me about it.<|im_end|>\n<|im_start|>assistant\n",
     "list": "Count: one two three four five, one two three four five, one two three four five, one two",
 }

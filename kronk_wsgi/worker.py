@@ -79,29 +79,34 @@ class Worker(GeventWorker):
         super().handle_abort(sig, frame)
 
     def handle_quit(self, sig, frame) -> None:
-        """SIGINT or SIGQUIT: stop now, without the drain. gunicorn's gevent worker would end a greenlet of its
-        own with SystemExit, which gevent reports as a traceback; here the main greenlet gets it. Told again while
-        stopping (a terminal's Ctrl-C reaches the worker and the master, which passes it on), the process ends
-        there: the interpreter's exit may still be waiting on the event loop."""
+        """SIGINT or SIGQUIT: stop now, without the drain: the cut streams logged, the logs flushed, the process
+        ended there. gunicorn's gevent worker ends a greenlet of its own with SystemExit, which gevent reports as
+        a traceback, and the interpreter's exit after it could wait on the engines' native threads past the
+        point where signals are handled (the master then waits its whole grace period). Told again while
+        stopping (a terminal's Ctrl-C reaches the worker and the master, which passes it on), it ends at once."""
         if self.quitting:
-            logging.shutdown()  # flushes every log handler
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+            _exit_now()
         self.quitting = True
-        self._log_cut("worker_stopped")
         self.alive = False
-        main = gevent.get_hub().parent
+        gevent.spawn(self._quit)  # out of the signal handler, which may run in the event loop
 
-        def stop() -> None:
+    def _quit(self) -> None:
+        try:
+            self._log_cut("worker_stopped")
             self.cfg.worker_int(self)
-            main.throw(SystemExit(0))
-
-        gevent.spawn(stop)  # out of the signal handler, which may run in the event loop
+            logging.shutdown()  # flushes every log handler
+        finally:
+            _exit_now()
 
     def _log_cut(self, outcome: str) -> None:
-        kronk = getattr(self.wsgi, "extensions", {}).get("kronk")
+        kronk = getattr(getattr(self, "wsgi", None), "extensions", {}).get("kronk")  # None before the app loads
         if kronk is not None:
             from .api.hooks import log_cut
 
             log_cut(kronk, outcome)
+
+
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -87,14 +87,13 @@ class Worker(GeventWorker):
         if self.quitting:
             _exit_now()
         self.quitting = True
+        self._log_cut("worker_stopped")  # here, before a second signal can end the process
         self.alive = False
         gevent.spawn(self._quit)  # out of the signal handler, which may run in the event loop
 
     def _quit(self) -> None:
         try:
-            self._log_cut("worker_stopped")
             self.cfg.worker_int(self)
-            logging.shutdown()  # flushes every log handler
         finally:
             _exit_now()
 
@@ -107,6 +106,7 @@ class Worker(GeventWorker):
 
 
 def _exit_now() -> None:
+    logging.shutdown()  # flushes every log handler
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -436,9 +436,9 @@ def reply_reading(template: ChatTemplate, prompt: str, reasoning_apart: bool = T
     writes it, but for a reply of sections, Kimi K3's), and the markers its format puts around answers left out (by
     the format's reader, which no call gets past without tools)."""
     form = call_format(template)
-    reads = form.reads_reasoning or form.frames_replies or form.drops
+    reads = form.reader.reads_reasoning or form.reader.frames_replies or form.drops
     rules = ToolCallRules(form, lambda name, arguments: False) if reads else None
-    syntax = None if form.reads_reasoning else reasoning_of(template.source)
+    syntax = None if form.reader.reads_reasoning else reasoning_of(template.source)
     opened = syntax is not None and opens_thinking(prompt, syntax)
     if not reasoning_apart:
         tail = prompt[prompt.rstrip().rfind(syntax.open.rstrip()):] if opened and not syntax.answers else ""

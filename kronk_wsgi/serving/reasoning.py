@@ -56,7 +56,7 @@ def reasoning_of(template_source: str) -> Optional[ReasoningSyntax]:
 def reasons(template_source: str) -> bool:
     """Whether a chat template's model writes its reasoning apart from its answer (in thinking tags, or in a
     channel of its format's)."""
-    return reasoning_of(template_source) is not None or format_of(template_source).reads_reasoning
+    return reasoning_of(template_source) is not None or format_of(template_source).reader.reads_reasoning
 
 
 def opens_thinking(prompt: str, syntax: ReasoningSyntax) -> bool:

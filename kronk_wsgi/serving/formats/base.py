@@ -93,170 +93,6 @@ JSON_HEAD = re.compile(r'\s*(?:\}\s*[,;]?\s*)?\[?\s*\{\s*"name"\s*:\s*"(?P<name>
                        r'"(?:arguments|parameters)"\s*:\s*')
 
 
-@dataclasses.dataclass(frozen=True)
-class CallFormat:
-    """How one family of models writes tool calls (see the module's docstring)."""
-
-    name: str
-    markers: tuple[str, ...]  # a chat template that has all of them teaches this format
-    opens: tuple[str, ...]  # texts that open calls in a reply (the first is the one written)
-    close: Optional[str]  # what ends them; None: the calls run to the end of the reply
-    parse: Parse
-    start: str  # written before the first call
-    head: Callable[[str], str]  # a call of the named tool, up to its arguments
-    tail: str = ""  # after a call's arguments
-    between: str = ""  # between two calls
-    end: str = ""  # after the last call
-    xml: Optional[XmlArguments] = None  # None: the arguments are one JSON object
-    raw_inputs: bool = False  # whether calls with raw text input can be delimited
-    reply_json: bool = False  # a reply that is a JSON object is read as calls (Llama 3.x)
-    unclosed: bool = False  # calls the reply ends in before their close are read
-    kept: tuple[str, ...] = ()  # texts that open calls too, and are part of what is parsed
-    reads_reasoning: bool = False  # its reader tells reasoning apart too: it reads every reply
-    frames_replies: bool = False  # every reply is framed in its way (its reader reads it, tools or not)
-    drops: tuple[str, ...] = ()  # markers around its answers, left out of the text
-    tags: tuple[str, ...] = ()  # its markers that a vocabulary may have as control tokens
-    streaming: Optional[Streaming] = None  # None: each call comes whole, at its close
-    # A reader of its own (a subclass of CallReader), for a format whose replies are framed as messages; None:
-    # CallReader, which reads calls between ``opens`` and ``close`` with ``parse``
-    read_by: Optional[Callable[["ToolCallRules"], "CallReader"]] = None
-
-    @property
-    def streams_calls(self) -> bool:
-        """Whether its calls go out as they are written (by ``streaming``, or by its own reader)."""
-        return self.streaming is not None or getattr(self.read_by, "streams_calls", False)
-
-    def recognises(self, template_source: str) -> bool:
-        return all(marker in template_source for marker in self.markers)
-
-    def opening(self, name: Optional[str], raw_input: bool = False) -> str:
-        """The start of a reply that must be a call (of the tool ``name``, if given); appended to the prompt,
-        it makes the model continue inside a call."""
-        if name is None:
-            return self.start
-        return self.start + (_raw_head(name) if raw_input else self.head(name))
-
-    def written(self, calls: list[Call], schemas: Schemas) -> str:
-        """The text of ``calls`` in this format, as a forced call's grammar has it written."""
-        return self.start + self.between.join(self.head(c.name) + self._arguments(c, schemas) + self.tail
-                                              for c in calls) + self.end
-
-    def _arguments(self, call: Call, schemas: Schemas) -> str:
-        if self.xml is None:
-            return json.dumps(call.arguments, ensure_ascii=False)
-        properties = (schemas.get(call.name) or {}).get("properties") or {}
-        out = []
-        for key, value in call.arguments.items():
-            raw = self.xml.raw_strings and _is_text(properties.get(key)) and isinstance(value, str)
-            text = f"{self.xml.quote}{value}{self.xml.quote}" if raw else json.dumps(value, ensure_ascii=False)
-            kind = "string" if raw else _kind_of(value)
-            out.append(self.xml.key_head(key, kind) + text + self.xml.key_tail.format(key=key))
-        return self.xml.separator.join(out)
-
-    def teaching(self, tools: list[dict]) -> str:
-        """System text that offers ``tools`` and shows how to call one in this format."""
-        arguments = '{"<parameter>": <value>}' if self.xml is None else \
-            self.xml.key_head("<parameter>", "") + "<value>" + self.xml.key_tail.format(key="<parameter>")
-        example = self.opening("<function-name>") + arguments + self.tail + self.end
-        signatures = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-        return (f"# Tools\n\nYou may call one or more functions to assist with the user query. Their "
-                f"signatures:\n{signatures}\n\nTo call a function, write:\n{example}")
-
-    def reader(self, rules: "ToolCallRules") -> "CallReader":
-        return (self.read_by or CallReader)(rules)
-
-    def grammar(self, tools: list[dict], strict: frozenset[str], control: dict[str, int],
-                name: Optional[str] = None, forced: bool = True, raw_inputs: Optional[dict[str, str]] = None) -> str:
-        """A Lark grammar for calls whose arguments follow the tools' schemas.
-
-        ``forced``: for the rest of a reply that starts with ``opening(name)``,
-        one call to one of the ``tools`` (to ``name``, if given). Not
-        ``forced``: for the text after the model wrote ``opens[0]`` itself, that
-        call and any more that follow. Keywords the grammar cannot enforce are
-        an error for the ``strict`` tools and skipped for the others.
-        ``control`` are the model's control tokens: a marker that is one is
-        matched as that token. ``raw_inputs`` are the Lark grammars of the tools
-        called in the raw form, by name.
-        """
-        raw_inputs = raw_inputs or {}
-        inputs = {tool: f"input_{index}" for index, tool in enumerate(raw_inputs)}  # each its own grammar
-
-        def text(literal: str) -> str:
-            return self._literal(literal, control)
-
-        def arguments(tool: str) -> str:  # after the call's head, to the end of the call
-            if tool in raw_inputs:
-                return f"@{inputs[tool]}"
-            function = next(t["function"] for t in tools if t["function"]["name"] == tool)
-            lenient = tool not in strict
-            body = lark_json(function["parameters"], lenient=lenient) if self.xml is None \
-                else self._xml_arguments(function["parameters"], lenient, text)
-            return f"{body} {text(self.tail)}"
-
-        def head(tool: str) -> str:
-            return text(_raw_head(tool) if tool in raw_inputs else self.head(tool))
-
-        if forced and name is not None:  # the opening ends with the call's head
-            body = arguments(name)
-        else:
-            body = "(" + " | ".join(f"{head(t['function']['name'])} {arguments(t['function']['name'])}"
-                                    for t in tools) + ")"
-        if forced:
-            main = f"start: {body} {text(self.end)}"
-        else:
-            rest = self.start.partition(self.opens[0])[2] if self.opens[0] in self.start else self.start
-            main = f"start: {text(rest)} {body} ({text(self.between)} {body})* {text(self.end)}"
-        main = (main if main.removeprefix("start:").strip() else 'start: ""') + "\n"
-        if not raw_inputs:
-            return lark_grammar(main)
-        return json.dumps({"grammars": [{"lark_grammar": main}] + [
-            {"name": inputs[tool], "lark_grammar": grammar} for tool, grammar in raw_inputs.items()]})
-
-    def _text_value(self, tail: str, text: Callable[[str], str]) -> str:
-        """A string parameter's text, its closing quote and the element's tail: one regex where none of them is a
-        control token, so the text ends where the tail begins (a lexeme of its own would take the tail's first
-        character when the text may hold it)."""
-        quote = text(self.xml.quote) if self.xml.quote else ""
-        closing = self.xml.quote + tail
-        if text(closing) != lark_string(closing):  # a control token in it: matched as that token
-            return f"{quote} /{self.xml.text}/ {quote} {text(tail)}"
-        return f"{quote} /{self.xml.text}{_regex_literal(closing)}/"
-
-    def _literal(self, text: str, control: dict[str, int]) -> str:
-        """``text`` as Lark, its markers that are control tokens matched as those tokens."""
-        tags = [t for t in self.tags if t in control and t in text]
-        if not text:
-            return ""  # nothing: an empty literal repeated in a grammar confuses its lexer
-        if not tags:
-            return lark_string(text)
-        parts = re.split("(" + "|".join(map(re.escape, tags)) + ")", text)
-        return " ".join(f"<[{control[p]}]>" if p in control and p in tags else lark_string(p) for p in parts if p)
-
-    def _xml_arguments(self, schema: dict, lenient: bool, text: Callable[[str], str]) -> str:
-        """The parameters of ``schema`` one element each, in its order, the optional ones optional."""
-        required = set(schema.get("required", ()))
-        items: dict[str, str] = {}
-        for key, value_schema in (schema.get("properties") or {}).items():
-            tail = self.xml.key_tail.format(key=key)
-            raw = self.xml.raw_strings and _is_text(value_schema)
-            if raw:
-                value = self._text_value(tail, text)
-            else:
-                value = f"{lark_json(value_schema, lenient=lenient)} {text(tail)}"
-            kind = "string" if raw else value_schema.get("type") if isinstance(value_schema, dict) else None
-            items[key] = f"{text(self.xml.key_head(key, kind if isinstance(kind, str) else ''))} {value}"
-        if not items:
-            return ""
-        if not self.xml.separator:
-            return " ".join(item if key in required else f"({item})?" for key, item in items.items())
-        sep = text(self.xml.separator)
-        first = [item for key, item in items.items() if key in required]
-        if not first:  # none required: any of them, in any order
-            return "(" + "(" + " | ".join(items.values()) + f") ({sep} (" + " | ".join(items.values()) + "))*)?"
-        return f" {sep} ".join(first) + "".join(
-            f" ({sep} {item})?" for key, item in items.items() if key not in required)
-
-
 def _regex_literal(text: str) -> str:
     """``text`` matched as it is, inside a Lark regex."""
     return "".join("\\" + c if c in r"\.^$|?*+()[]{}/-" else "\\n" if c == "\n" else c for c in text)
@@ -355,7 +191,7 @@ def custom_input(arguments: str, complete: bool) -> str:
 class ToolCallRules:
     """What to read out of one reply: the model's format, and which calls the request's tools take."""
 
-    format: CallFormat
+    format: "CallFormat"
     accept: Callable[[str, dict], bool]  # (name, arguments)
     schemas: Schemas = dataclasses.field(default_factory=dict)  # the tools' parameters, by name
     raw_inputs: frozenset[str] = frozenset()  # the tools called in the raw form
@@ -610,7 +446,12 @@ class CallReader:
     not to be one; what follows an opening is held until the format's close.
     Text that looks like a call but does not parse, or that the request's tools
     do not take (an unknown name, arguments against a strict schema), stays text.
+    A format whose replies are read otherwise has a subclass of its own.
     """
+
+    reads_reasoning = False  # it tells reasoning apart too, so it reads every reply
+    frames_replies = False  # every reply is framed in its format's way, so it reads every reply, tools or not
+    streams_calls = False  # its calls go out as they are written, whatever the format's ``streaming``
 
     def __init__(self, rules: ToolCallRules) -> None:
         self.rules = rules
@@ -618,7 +459,6 @@ class CallReader:
         self.calls = 0
         self._pending = ""
         self._opened: Optional[str] = None  # the opening of the calls being read
-        self._first = rules.format.reply_json  # still at the reply's start, where a JSON object is a call
         self._after_call = False
         self._space = ""  # trailing whitespace, held until text follows (not a call)
         self._stream: Optional[CallStream] = None  # the calls being followed as they are written
@@ -627,13 +467,6 @@ class CallReader:
         self._pending += text
         out: list[Event] = []
         opens, close = self.format.opens, self.format.close
-        if self._first:
-            head = self._pending.lstrip()
-            if not head:
-                return out
-            self._first = False
-            if head.startswith("{"):
-                self._opened, self._pending = "{", head
         while True:
             if self._opened is None:
                 marks = opens + self.format.kept + self.format.drops
@@ -654,7 +487,7 @@ class CallReader:
                 keep = len(opening) if opening in self.format.kept else 0
                 self._pending = self._pending[at + len(opening) - keep:]
                 self._opened = opening
-            elif close is None or self._opened == "{":
+            elif close is None:
                 self._follow(self._pending, out)
                 return out  # the calls run to the end of the text
             else:
@@ -673,8 +506,7 @@ class CallReader:
         pending, self._pending = self._pending, ""
         if self._opened is None:
             self._text(pending, out)
-        elif self.format.close is None or self._opened == "{" or (self.format.unclosed and not cut) or \
-                self._stream is not None and self._stream.started:
+        elif self.format.close is None or self._reads_unclosed(cut):
             self._read(pending, self._raw(pending), out, cut)
         else:
             self._text(self._raw(pending), out)
@@ -684,9 +516,14 @@ class CallReader:
         self._space = ""
         return out
 
+    def _reads_unclosed(self, cut: bool) -> bool:
+        """Whether the calls a reply ends in before their close are read (else they stay text): those that have
+        started to go out are."""
+        return self._stream is not None and self._stream.started
+
     def _raw(self, body: str) -> str:
         """The reply's text of what the opening opened."""
-        return ("" if self._opened in self.format.kept or self._opened == "{" else self._opened) + body
+        return ("" if self._opened in self.format.kept else self._opened) + body
 
     def _follow(self, body: str, out: list) -> None:
         """The calls' starts and argument deltas written since the last look at the held ``body``."""
@@ -755,3 +592,160 @@ class CallReader:
         self._space = text[len(body):]
         if body:
             out.append(TextDelta(body))
+
+
+@dataclasses.dataclass(frozen=True)
+class CallFormat:
+    """How one family of models writes tool calls (see the module's docstring)."""
+
+    name: str
+    markers: tuple[str, ...]  # a chat template that has all of them teaches this format
+    opens: tuple[str, ...]  # texts that open calls in a reply (the first is the one written)
+    close: Optional[str]  # what ends them; None: the calls run to the end of the reply
+    parse: Parse
+    start: str  # written before the first call
+    head: Callable[[str], str]  # a call of the named tool, up to its arguments
+    tail: str = ""  # after a call's arguments
+    between: str = ""  # between two calls
+    end: str = ""  # after the last call
+    xml: Optional[XmlArguments] = None  # None: the arguments are one JSON object
+    raw_inputs: bool = False  # whether calls with raw text input can be delimited
+    kept: tuple[str, ...] = ()  # texts that open calls too, and are part of what is parsed
+    drops: tuple[str, ...] = ()  # markers around its answers, left out of the text
+    tags: tuple[str, ...] = ()  # its markers that a vocabulary may have as control tokens
+    streaming: Optional[Streaming] = None  # None: each call comes whole, at its close
+    # Reads its replies: CallReader reads calls between ``opens`` and ``close`` with ``parse``; a subclass reads
+    # replies otherwise (framed as messages, a bare JSON reply, calls left open)
+    reader: type[CallReader] = CallReader
+
+    @property
+    def streams_calls(self) -> bool:
+        """Whether its calls go out as they are written (by ``streaming``, or by its own reader)."""
+        return self.streaming is not None or self.reader.streams_calls
+
+    def recognises(self, template_source: str) -> bool:
+        return all(marker in template_source for marker in self.markers)
+
+    def opening(self, name: Optional[str], raw_input: bool = False) -> str:
+        """The start of a reply that must be a call (of the tool ``name``, if given); appended to the prompt,
+        it makes the model continue inside a call."""
+        if name is None:
+            return self.start
+        return self.start + (_raw_head(name) if raw_input else self.head(name))
+
+    def written(self, calls: list[Call], schemas: Schemas) -> str:
+        """The text of ``calls`` in this format, as a forced call's grammar has it written."""
+        return self.start + self.between.join(self.head(c.name) + self._arguments(c, schemas) + self.tail
+                                              for c in calls) + self.end
+
+    def _arguments(self, call: Call, schemas: Schemas) -> str:
+        if self.xml is None:
+            return json.dumps(call.arguments, ensure_ascii=False)
+        properties = (schemas.get(call.name) or {}).get("properties") or {}
+        out = []
+        for key, value in call.arguments.items():
+            raw = self.xml.raw_strings and _is_text(properties.get(key)) and isinstance(value, str)
+            text = f"{self.xml.quote}{value}{self.xml.quote}" if raw else json.dumps(value, ensure_ascii=False)
+            kind = "string" if raw else _kind_of(value)
+            out.append(self.xml.key_head(key, kind) + text + self.xml.key_tail.format(key=key))
+        return self.xml.separator.join(out)
+
+    def teaching(self, tools: list[dict]) -> str:
+        """System text that offers ``tools`` and shows how to call one in this format."""
+        arguments = '{"<parameter>": <value>}' if self.xml is None else \
+            self.xml.key_head("<parameter>", "") + "<value>" + self.xml.key_tail.format(key="<parameter>")
+        example = self.opening("<function-name>") + arguments + self.tail + self.end
+        signatures = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+        return (f"# Tools\n\nYou may call one or more functions to assist with the user query. Their "
+                f"signatures:\n{signatures}\n\nTo call a function, write:\n{example}")
+
+    def grammar(self, tools: list[dict], strict: frozenset[str], control: dict[str, int],
+                name: Optional[str] = None, forced: bool = True, raw_inputs: Optional[dict[str, str]] = None) -> str:
+        """A Lark grammar for calls whose arguments follow the tools' schemas.
+
+        ``forced``: for the rest of a reply that starts with ``opening(name)``,
+        one call to one of the ``tools`` (to ``name``, if given). Not
+        ``forced``: for the text after the model wrote ``opens[0]`` itself, that
+        call and any more that follow. Keywords the grammar cannot enforce are
+        an error for the ``strict`` tools and skipped for the others.
+        ``control`` are the model's control tokens: a marker that is one is
+        matched as that token. ``raw_inputs`` are the Lark grammars of the tools
+        called in the raw form, by name.
+        """
+        raw_inputs = raw_inputs or {}
+        inputs = {tool: f"input_{index}" for index, tool in enumerate(raw_inputs)}  # each its own grammar
+
+        def text(literal: str) -> str:
+            return self._literal(literal, control)
+
+        def arguments(tool: str) -> str:  # after the call's head, to the end of the call
+            if tool in raw_inputs:
+                return f"@{inputs[tool]}"
+            function = next(t["function"] for t in tools if t["function"]["name"] == tool)
+            lenient = tool not in strict
+            body = lark_json(function["parameters"], lenient=lenient) if self.xml is None \
+                else self._xml_arguments(function["parameters"], lenient, text)
+            return f"{body} {text(self.tail)}"
+
+        def head(tool: str) -> str:
+            return text(_raw_head(tool) if tool in raw_inputs else self.head(tool))
+
+        if forced and name is not None:  # the opening ends with the call's head
+            body = arguments(name)
+        else:
+            body = "(" + " | ".join(f"{head(t['function']['name'])} {arguments(t['function']['name'])}"
+                                    for t in tools) + ")"
+        if forced:
+            main = f"start: {body} {text(self.end)}"
+        else:
+            rest = self.start.partition(self.opens[0])[2] if self.opens[0] in self.start else self.start
+            main = f"start: {text(rest)} {body} ({text(self.between)} {body})* {text(self.end)}"
+        main = (main if main.removeprefix("start:").strip() else 'start: ""') + "\n"
+        if not raw_inputs:
+            return lark_grammar(main)
+        return json.dumps({"grammars": [{"lark_grammar": main}] + [
+            {"name": inputs[tool], "lark_grammar": grammar} for tool, grammar in raw_inputs.items()]})
+
+    def _text_value(self, tail: str, text: Callable[[str], str]) -> str:
+        """A string parameter's text, its closing quote and the element's tail: one regex where none of them is a
+        control token, so the text ends where the tail begins (a lexeme of its own would take the tail's first
+        character when the text may hold it)."""
+        quote = text(self.xml.quote) if self.xml.quote else ""
+        closing = self.xml.quote + tail
+        if text(closing) != lark_string(closing):  # a control token in it: matched as that token
+            return f"{quote} /{self.xml.text}/ {quote} {text(tail)}"
+        return f"{quote} /{self.xml.text}{_regex_literal(closing)}/"
+
+    def _literal(self, text: str, control: dict[str, int]) -> str:
+        """``text`` as Lark, its markers that are control tokens matched as those tokens."""
+        tags = [t for t in self.tags if t in control and t in text]
+        if not text:
+            return ""  # nothing: an empty literal repeated in a grammar confuses its lexer
+        if not tags:
+            return lark_string(text)
+        parts = re.split("(" + "|".join(map(re.escape, tags)) + ")", text)
+        return " ".join(f"<[{control[p]}]>" if p in control and p in tags else lark_string(p) for p in parts if p)
+
+    def _xml_arguments(self, schema: dict, lenient: bool, text: Callable[[str], str]) -> str:
+        """The parameters of ``schema`` one element each, in its order, the optional ones optional."""
+        required = set(schema.get("required", ()))
+        items: dict[str, str] = {}
+        for key, value_schema in (schema.get("properties") or {}).items():
+            tail = self.xml.key_tail.format(key=key)
+            raw = self.xml.raw_strings and _is_text(value_schema)
+            if raw:
+                value = self._text_value(tail, text)
+            else:
+                value = f"{lark_json(value_schema, lenient=lenient)} {text(tail)}"
+            kind = "string" if raw else value_schema.get("type") if isinstance(value_schema, dict) else None
+            items[key] = f"{text(self.xml.key_head(key, kind if isinstance(kind, str) else ''))} {value}"
+        if not items:
+            return ""
+        if not self.xml.separator:
+            return " ".join(item if key in required else f"({item})?" for key, item in items.items())
+        sep = text(self.xml.separator)
+        first = [item for key, item in items.items() if key in required]
+        if not first:  # none required: any of them, in any order
+            return "(" + "(" + " | ".join(items.values()) + f") ({sep} (" + " | ".join(items.values()) + "))*)?"
+        return f" {sep} ".join(first) + "".join(
+            f" ({sep} {item})?" for key, item in items.items() if key not in required)

@@ -47,6 +47,7 @@ class _V3_2Reader(CallReader):
     """Reads a Functionary v3.2 reply message by message: the answer streams, and so does a call, as its JSON
     comes. A message to no tool on offer is text, its header with it."""
 
+    frames_replies = True  # the answer's header is left out
     streams_calls = True
 
     def __init__(self, rules: ToolCallRules) -> None:
@@ -124,6 +125,5 @@ V3_2 = CallFormat(
     start="",  # the prompt ends with the first message's >>>
     head=lambda name: f"{name}\n",
     between=SEND,
-    frames_replies=True,  # the answer's header is left out
-    read_by=_V3_2Reader,
+    reader=_V3_2Reader,
 )

@@ -31,6 +31,7 @@ class HarmonyReader(CallReader):
 
     ends = ENDS  # what ends a message
     thinking_recipient = ""  # a recipient whose messages are reasoning, if the format has one
+    reads_reasoning = True
     streams_calls = True  # a call's message is its arguments' JSON, which goes out as it is written
 
     def __init__(self, rules: ToolCallRules) -> None:
@@ -128,9 +129,8 @@ FORMAT = CallFormat(
     head=lambda name: f"{name} <|constrain|>json<|message|>",
     tail="<|call|>",
     between="<|start|>assistant<|channel|>commentary to=functions.",
-    reads_reasoning=True,
     tags=("<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>", "<|start|>"),
-    read_by=HarmonyReader,
+    reader=HarmonyReader,
 )
 
 
@@ -172,7 +172,6 @@ MUSE = CallFormat(
     tail="</atem:invoke>\n</atem:function_calls>",
     between="<|eom|><|start|>assistant to=",
     xml=XmlArguments(lambda key, _kind: f'<atem:parameter name="{key}">', "</atem:parameter>\n"),
-    reads_reasoning=True,
     tags=("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"),
-    read_by=MuseReader,
+    reader=MuseReader,
 )

@@ -11,7 +11,7 @@ of them all.
 import re
 from typing import Any, Optional
 
-from .base import Call, CallFormat, Schemas, Streaming, XmlArguments, named_call, xml_value
+from .base import Call, CallFormat, CallReader, Schemas, Streaming, XmlArguments, named_call, xml_value
 
 BEGIN, END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 _CALL = re.compile(r"\s*<\|tool_call_begin\|>\s*(?:functions\.)?([^\s:<]+?)(?::\d+)?\s*"
@@ -29,6 +29,14 @@ def _calls(body: str, _schemas: Schemas) -> Optional[list[Call]]:
     return calls if calls and not body[at:].strip() else None
 
 
+class _K2Reader(CallReader):
+    """Calls a reply ends in before the section's end (those made from the thinking) are read too, unless the
+    token limit cut them."""
+
+    def _reads_unclosed(self, cut: bool) -> bool:
+        return not cut or super()._reads_unclosed(cut)
+
+
 FORMAT = CallFormat(
     name="kimi-k2",
     markers=(BEGIN,),
@@ -40,10 +48,10 @@ FORMAT = CallFormat(
     head=lambda name: f"<|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>",
     tail="<|tool_call_end|>",
     end=END,
-    unclosed=True,
     tags=(BEGIN, END, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
     streaming=Streaming(re.compile(r"\s*(?:<\|tool_call_end\|>\s*)?<\|tool_call_begin\|>\s*(?:functions\.)?"
                                    r"(?P<name>[^\s:<]+?)(?::\d+)?\s*<\|tool_call_argument_begin\|>\s*")),
+    reader=_K2Reader,
 )
 
 

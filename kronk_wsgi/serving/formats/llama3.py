@@ -3,7 +3,28 @@ the JSON after ``<|python_tag|>``."""
 
 import json
 
-from .base import JSON_HEAD, CallFormat, Streaming, json_calls
+from .base import JSON_HEAD, CallFormat, CallReader, Event, Streaming, json_calls
+
+
+class _JsonReplyReader(CallReader):
+    """A reply that begins with a JSON object is calls, to its end; any other is read as CallReader reads it."""
+
+    def __init__(self, rules) -> None:
+        super().__init__(rules)
+        self._at_start = True
+
+    def feed(self, text: str) -> list[Event]:
+        if not self._at_start:
+            return super().feed(text)
+        self._pending += text
+        head = self._pending.lstrip()
+        if not head:
+            return []
+        self._at_start = False
+        pending, self._pending = self._pending, ""
+        if head.startswith("{"):
+            self._opened, pending = "", head  # calls with no opening
+        return super().feed(pending)
 
 FORMAT = CallFormat(
     name="llama3-json",
@@ -15,7 +36,7 @@ FORMAT = CallFormat(
     head=lambda name: f'{{"name": {json.dumps(name)}, "parameters": ',
     tail="}",
     between="; ",
-    reply_json=True,
     tags=("<|python_tag|>",),
     streaming=Streaming(JSON_HEAD),
+    reader=_JsonReplyReader,
 )

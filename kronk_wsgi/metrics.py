@@ -12,6 +12,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
+from prometheus_client.metrics_core import Metric
 
 from .engine.speculation import Drafting
 
@@ -25,6 +26,12 @@ class _Totals:
     predicted_seconds: float = 0.0
     calls: int = 0
 
+
+# Values llama-server publishes that kronk's own gauges hold: written once, shown under both names.
+_LLAMACPP_NAMES = {
+    "kronk_active_generations": ("llamacpp:requests_processing", "Number of requests processing."),
+    "kronk_requests_waiting": ("llamacpp:requests_deferred", "Number of requests deferred."),
+}
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180)
 _TOKEN_GAP = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -89,7 +96,8 @@ class Metrics:
                                              "workers).", ["model"], registry=r, multiprocess_mode="max")
 
     def _llamacpp(self, r: CollectorRegistry) -> None:
-        """llama-server's metrics, under its names, for the dashboards made for it: each labelled with the model."""
+        """llama-server's metrics, under its names, for the dashboards made for it: each labelled with the model
+        (its requests processing and deferred are kronk's gauges, shown under its names too)."""
         self.llamacpp_prompt_tokens = Counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.",
                                               ["model"], registry=r)
         self.llamacpp_prompt_tokens_cached = Counter("llamacpp:prompt_tokens_cached", "Number of prompt tokens "
@@ -106,10 +114,6 @@ class Metrics:
         self.llamacpp_predicted_throughput = Gauge(
             "llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s (of the worker that last "
             "answered).", ["model"], registry=r, multiprocess_mode="mostrecent")
-        self.llamacpp_requests_processing = Gauge("llamacpp:requests_processing", "Number of requests processing.",
-                                                  ["model"], registry=r, multiprocess_mode="livesum")
-        self.llamacpp_requests_deferred = Gauge("llamacpp:requests_deferred", "Number of requests deferred.",
-                                                ["model"], registry=r, multiprocess_mode="livesum")
         self.llamacpp_n_tokens_max = Gauge("llamacpp:n_tokens_max", "High watermark of the context size observed.",
                                            ["model"], registry=r, multiprocess_mode="max")
         self.llamacpp_n_decode = Counter("llamacpp:n_decode", "Total number of llama_decode() calls.", ["model"],
@@ -170,10 +174,26 @@ class Metrics:
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format: of all workers when they share a directory, else of this app."""
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            return generate_latest(self.registry)
+            return generate_latest(_WithLlamaCppNames(self.registry))
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry)
+        return generate_latest(_WithLlamaCppNames(registry))
+
+
+class _WithLlamaCppNames:
+    """A registry's metrics, and again under llama-server's name those of ``_LLAMACPP_NAMES``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self):
+        for family in self._registry.collect():
+            yield family
+            if family.name in _LLAMACPP_NAMES:
+                name, documentation = _LLAMACPP_NAMES[family.name]
+                alias = Metric(name, documentation, family.type)
+                alias.samples = [sample._replace(name=name) for sample in family.samples]
+                yield alias
 
 
 class GapCounter:

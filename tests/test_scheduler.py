@@ -147,3 +147,15 @@ def test_the_states_are_counted_in_the_metrics():
     assert (count("idle"), count("finishing")) == (2, 0)
     queue.finishing(ticket.slot)  # given back already: it stays idle
     assert count("idle") == 2
+
+
+def test_the_line_is_one_gauge_shown_under_llama_servers_name_too():
+    queue = scheduler([Held([])], places=2)  # one slot: the second request waits for it
+    first = queue.wait_for_slot([1], "")
+    second = queue.wait_for_slot([2], "")
+    page = queue.metrics.exposition()
+    assert b'kronk_requests_waiting{model="m"} 1.0' in page and b'llamacpp:requests_deferred{model="m"} 1.0' in page
+    queue.give_back(first.slot)  # the second is served: the line is empty
+    assert second.granted.is_set()
+    page = queue.metrics.exposition()
+    assert b'kronk_requests_waiting{model="m"} 0.0' in page and b'llamacpp:requests_deferred{model="m"} 0.0' in page

@@ -199,9 +199,7 @@ class Scheduler:
         states = list(self.states.values())
         for state in SLOT_STATES:
             self.metrics.slots.labels(self.model_id, state).set(states.count(state))
-        waiting = len(self._place_line) + len(self._slot_line)
-        self.metrics.waiting.labels(self.model_id).set(waiting)
-        self.metrics.llamacpp_requests_deferred.labels(self.model_id).set(waiting)
+        self.metrics.waiting.labels(self.model_id).set(len(self._place_line) + len(self._slot_line))
 
     def _serve(self) -> None:
         """Hand out free slots to the line, in order."""
@@ -219,8 +217,8 @@ class Scheduler:
                     continue  # its conversation's slot is still finishing after its answer: it waits for that one
             self._free.remove(best)
             self.idle.clear()
+            self._slot_line.remove(ticket)  # before the move, which reports the line
             self._move(best, "prefilling")
-            self._slot_line.remove(ticket)
             ticket.slot = best
             ticket.granted.set()
 

@@ -145,7 +145,6 @@ class Session:
             channel = ThreadChannel()
             worker = self.model.slot_threads.spawn(_drive, self.job, slot, self.model, cancel, channel)
             self.metrics.active_streams.labels(self.model.id).inc()
-            self.metrics.llamacpp_requests_processing.labels(self.model.id).inc()
             worker.rawlink(lambda _: self._worker_done(slot, channel))
             yield from self._relay(slot, channel, cancel)
         finally:
@@ -162,7 +161,6 @@ class Session:
         """The worker thread let go of the slot: only now may the channel close and the slot be reused."""
         channel.close()
         self.metrics.active_streams.labels(self.model.id).dec()
-        self.metrics.llamacpp_requests_processing.labels(self.model.id).dec()
         self._release(slot)
 
     def _release(self, slot: Optional[Slot]) -> None:

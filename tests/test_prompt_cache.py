@@ -136,14 +136,14 @@ def test_what_the_event_loop_asks_never_waits_for_a_disk_read(tmp_path):
     PromptCache("model a", 10 * MB, tmp_path, 100 * MB).put(conversation, state(50_000, 3))
     reader = PromptCache("model a", 10 * MB, tmp_path, 100 * MB)  # another worker: the state is on disk only
     reading, go_on = threading.Event(), threading.Event()
-    read = reader._read
+    read = reader.disk.read
 
     def slow_read(key, entry):  # a multi-gigabyte state being read and authenticated
         reading.set()
         assert go_on.wait(60)
         return read(key, entry)
 
-    reader._read = slow_read
+    reader.disk.read = slow_read
     found = []
     slot_thread = threading.Thread(target=lambda: found.append(reader.find(conversation + tokens(35, 9))))
     slot_thread.start()

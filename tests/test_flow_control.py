@@ -131,15 +131,12 @@ def test_overload_gives_exactly_the_extra_requests_429(tight):
 
 def test_admission_wait_ends_when_a_place_frees(tight):
     body = {"model": "tiny", "messages": HELLO, "logit_bias": {"2": -100}}
-
-    def call(args):
-        delay, tokens = args
-        time.sleep(delay)
-        return requests.post(tight.url + CHAT, json={**body, "max_tokens": tokens}, timeout=60)
-
-    with ThreadPoolExecutor(2) as pool:
-        first, second = pool.map(call, [(0, 5), (0.1, 1)])  # 0.5 s of work < 1 s admission wait
-    assert (first.status_code, second.status_code) == (200, 200)
+    holder = stream(tight, {**body, "max_tokens": 5})  # 0.5 s of tokens < the 1 s admission wait
+    frames = holder.frames()
+    next(frames)  # committed: it holds the one place
+    second = requests.post(tight.url + CHAT, json={**body, "max_tokens": 1}, timeout=60)
+    assert second.status_code == 200, second.text
+    assert [frame for _, frame in frames][-1] == "data: [DONE]"
 
 
 def test_engine_failure_is_an_in_band_error(failing):

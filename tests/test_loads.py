@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from kronk_wsgi.testing import run_server
+from kronk_wsgi.testing import run_server, wait_until
 
 from .support.hub import FakeHub
 
@@ -44,16 +44,6 @@ def leaving_client(server, path: str, body: dict) -> socket.socket:
     return sock
 
 
-def poll(check, seconds=60.0):
-    deadline = time.monotonic() + seconds
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
-
-
 def downloaded(tmp_path: Path) -> tuple[int, int]:
     """Bytes in unfinished downloads, and finished blobs, in the hub's cache."""
     blobs = list((tmp_path / "hf").rglob("blobs/*"))
@@ -62,11 +52,13 @@ def downloaded(tmp_path: Path) -> tuple[int, int]:
 
 
 def stays_stopped(tmp_path: Path) -> None:
-    """The download does not go on: what it fetched stops growing, and it never completes."""
-    before = downloaded(tmp_path)
-    time.sleep(2.0)
+    """The download does not go on: once what it fetched has stopped growing (five looks 0.1 s apart agree, where a
+    live download grows by a piece each 20 ms), it grows no more for 2 s, and it never completes."""
+    looks = []
+    wait_until(lambda: looks.append(downloaded(tmp_path)) or (len(looks) >= 5 and len(set(looks[-5:])) == 1))
+    time.sleep(2.0)  # a window in which nothing may happen
     after = downloaded(tmp_path)
-    assert after == before and after[1] == 0, (before, after)
+    assert after == looks[-1] and after[1] == 0, (looks[-1], after)
 
 
 def far_row(server) -> dict:
@@ -78,13 +70,13 @@ def test_a_load_shows_its_progress_and_stops_when_its_requests_have_gone(slow_hu
     with run_server(tmp_path, hub_env(slow_hub, tmp_path)) as server:
         first = leaving_client(server, "/v1/chat/completions", {"model": "far", "messages": HI, "max_tokens": 2})
         second = leaving_client(server, "/v1/chat/completions", {"model": "far", "messages": HI, "max_tokens": 2})
-        loading = poll(lambda: (far_row(server).get("loading") or {}).get("done"))
+        loading = wait_until(lambda: (far_row(server).get("loading") or {}).get("done"))
         assert loading >= 10 << 20 and far_row(server)["loading"]["total"] == 25 << 20
         first.close()  # the one that started the load leaves: it goes on for the other
-        time.sleep(1.5)
-        assert "loading" in far_row(server) and not far_row(server)["load_error"]
+        wait_until(lambda: (far_row(server).get("loading") or {}).get("done", 0) >= loading + (10 << 20))
+        assert not far_row(server)["load_error"]
         second.close()
-        error = poll(lambda: far_row(server)["load_error"])
+        error = wait_until(lambda: far_row(server)["load_error"])
         assert "every request waiting for it has gone" in error and "loading" not in far_row(server)
         stays_stopped(tmp_path)
         assert "Traceback" not in server.logs()
@@ -97,7 +89,6 @@ def test_a_pull_stops_when_its_client_leaves(slow_hub, tmp_path):
         while json.loads(next(lines)).get("completed", 0) == 0:  # until some of it has arrived
             pass
         pull.close()
-        time.sleep(1.0)
         stays_stopped(tmp_path)
 
 

@@ -8,9 +8,11 @@ import time
 import pytest
 import requests
 
+from kronk_wsgi.testing import wait_until
+from kronk_wsgi.testing.rawhttp import RawStream
+
 from .conftest import FAULTY, run_server
 from .support.hub import FakeHub
-from kronk_wsgi.testing.rawhttp import RawStream
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -19,16 +21,13 @@ def chat(server, model, **extra):
     return server.post("/v1/chat/completions", {"model": model, "messages": HI, "max_tokens": 2, **extra})
 
 
+def row(server, model: str) -> dict:
+    return next(r for r in requests.get(server.url + "/admin/models", timeout=10).json()["data"] if r["id"] == model)
+
+
 def loaded(server, **kwargs) -> set[str]:
     rows = requests.get(server.url + "/admin/models", timeout=10, **kwargs).json()["data"]
     return {row["id"] for row in rows if row["loaded"]}
-
-
-def poll(check, seconds=30.0):
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +70,7 @@ def test_a_model_with_a_stream_stays_and_another_model_waits_for_its_requests(bu
     queued.start()  # waits for the slot the stream holds
     other = threading.Thread(target=ask, args=("b", "b"))
     other.start()  # waits for "slow" to be free, then takes its place
-    time.sleep(0.5)
+    wait_until(lambda: row(server, "slow")["queued"] == 1)  # the queued request waits for the stream's slot
     assert loaded(server) == {"slow"} and "b" not in replies
     rest = [frame for _, frame in frames]
     assert rest[-1] == "data: [DONE]"
@@ -96,13 +95,10 @@ def test_admin_unload_and_a_model_in_use_is_kept(budget_of_one):
     next(frames)
     busy = requests.post(server.url + "/admin/models/slow/unload", timeout=10)
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_in_use"
-    row = next(r for r in requests.get(server.url + "/admin/models", timeout=10).json()["data"] if r["id"] == "slow")
-    assert row["loaded"] and row["busy_slots"] == 1 and row["memory_mb"] >= 0 and row["idle_seconds"] is None
+    slow = row(server, "slow")
+    assert slow["loaded"] and slow["busy_slots"] == 1 and slow["memory_mb"] >= 0 and slow["idle_seconds"] is None
     stream.close()
-    deadline = time.monotonic() + 30  # as the 409 said: unloaded once its request ended
-    while "slow" in loaded(server):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_until(lambda: "slow" not in loaded(server))  # as the 409 said: unloaded once its request ended
 
 
 def test_a_model_larger_than_the_memory_budget_is_a_400(tiny_model, tmp_path):
@@ -120,7 +116,7 @@ def test_idle_models_unload_but_the_default_stays(tiny_model, tmp_path):
     env = {"KRONK_MODELS": f"a={tiny_model},b={tiny_model}", "KRONK_DEFAULT_MODEL": "a", "KRONK_IDLE_UNLOAD_SECONDS": 1}
     with run_server(tmp_path, env) as server:
         assert chat(server, "b").status_code == 200
-        poll(lambda: loaded(server) == {"a"} and '"reason": "idle"' in server.logs())  # the log line follows the unload
+        wait_until(lambda: loaded(server) == {"a"} and '"reason": "idle"' in server.logs())  # the log line follows the unload
         assert requests.get(server.url + "/v1/readiness", timeout=10).status_code == 200
         assert chat(server, "b").status_code == 200  # loads again on use
 

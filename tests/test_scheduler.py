@@ -31,6 +31,14 @@ def scheduler(slots=(), places=1, max_waiting=None) -> Scheduler:
     return Scheduler("m", list(slots) or [Held([])], places, max_waiting, Metrics())
 
 
+def in_line(queue: Scheduler, waiting: int) -> None:
+    """Let the spawned waiters run until ``waiting`` of them are in line."""
+    deadline = time.monotonic() + 10
+    while queue.waiting < waiting:
+        assert time.monotonic() < deadline, "the waiters never got in line"
+        gevent.sleep(0)
+
+
 def test_places_go_to_waiters_in_the_order_they_came():
     queue = scheduler(places=1)
     queue.admit(1, never, Drain())
@@ -39,13 +47,12 @@ def test_places_go_to_waiters_in_the_order_they_came():
     def wait(i: int) -> None:
         queue.admit(30, never, Drain())
         order.append(i)
-        gevent.sleep(0.01)
         queue.release_place()
 
     waiters = []
     for i in range(8):
         waiters.append(gevent.spawn(wait, i))
-        gevent.sleep(0.02)
+        in_line(queue, i + 1)
     assert queue.waiting == 8
     queue.release_place()
     gevent.joinall(waiters, timeout=10)
@@ -57,11 +64,11 @@ def test_a_full_line_refuses_at_once_and_a_timed_out_waiter_leaves_it():
     queue = scheduler(places=1, max_waiting=1)
     queue.admit(1, never, Drain())
     waiter = gevent.spawn(queue.admit, 0.3, never, Drain())
-    gevent.sleep(0.01)
+    in_line(queue, 1)
     started = time.monotonic()
-    with pytest.raises(QueueFull):
+    with pytest.raises(QueueFull):  # not Overloaded: it did not wait its 30 s
         queue.admit(30, never, Drain())
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < 10
     with pytest.raises(Overloaded):
         waiter.get(timeout=10)
     assert queue.waiting == 0

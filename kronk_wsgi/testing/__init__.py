@@ -220,6 +220,15 @@ def metric(server: Server, name: str, **labels) -> float:
     return 0.0
 
 
+def wait_until(check: Callable[[], object], seconds: float = 60.0, every: float = 0.1):
+    """Call ``check`` until it returns something true, and return that; AssertionError after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"not reached in {seconds} s: {getattr(check, '__name__', check)}"
+        time.sleep(every)
+    return found
+
+
 def _wait_until_ready(proc: subprocess.Popen, url: str, seconds: float, failure: Callable[[str], str]) -> None:
     """Poll ``url`` until it answers 200; RuntimeError, with ``failure`` of why, if ``proc`` exits first or
     ``seconds`` pass."""

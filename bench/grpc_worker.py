@@ -11,6 +11,7 @@ can stand in for kronk's with ``--worker-url`` (SGLang, vLLM: see docs/BENCHMARK
 
 import contextlib
 import json
+import shutil
 import statistics
 import threading
 import time
@@ -38,13 +39,15 @@ def _streams_at_once(url: str, tokens: int, count: int, one_stream) -> float:
 
 
 def _conversations(url: str, label: str, chat_turn) -> float:
-    """Six conversations of three turns, round robin; the share of later turns' prompts served from a cache."""
+    """Six conversations of three turns, in turn; the share of later turns' prompts served from a cache."""
     documents = [f"A document about {topic} ({label}). " + " ".join(
         f"Fact {i} about {topic} is worth knowing." for i in range(70)) for topic in TOPICS]
     history = [[{"role": "user", "content": f"{doc}\n\n{ASKS[0]}"}] for doc in documents]
     prompt = cached = 0
     for turn in range(3):
-        for messages in history:
+        # Each turn starts one conversation later: with round robin over two workers, a conversation's next turn
+        # then goes to the other worker (in one order, six conversations would keep each on one worker).
+        for messages in history[turn:] + history[:turn]:
             result = chat_turn(url, messages)
             if turn:
                 prompt += result["prompt_tokens"]
@@ -69,6 +72,8 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
            "KRONK_THREADS": 1, "KRONK_PARALLEL": 1}
     with contextlib.ExitStack() as stack:
         if worker_urls is None:
+            for name in ("a", "b"):  # no prompt-cache entry of an earlier run may serve this one
+                shutil.rmtree(workdir / name / "cache", ignore_errors=True)
             workers = [stack.enter_context(run_grpc_worker(workdir / name, env)) for name in ("a", "b")]
             worker_urls = [w.url for w in workers]
         http = stack.enter_context(run_server(workdir, env))
@@ -79,7 +84,7 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
                                            log=workdir / "smg-both.log"))
         urls = {"kronk HTTP": http.url, "kronk -> kronk gRPC": front.url, "SMG -> kronk gRPC": one}
         for url in (*urls.values(), both):
-            one_stream(url, 20, "warm up")
+            one_stream(url, 20, "warm up", ignore_eos=True)
         runs: dict[str, list[dict]] = {name: [] for name in urls}
         for round_ in range(rounds):
             for name in (list(urls) if round_ % 2 == 0 else list(reversed(urls))):
@@ -92,9 +97,9 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
         shares = {}
         for policy in ("cache_aware", "round_robin"):
             with run_smg(worker_urls, "bench", ["--policy", policy], log=workdir / f"smg-{policy}.log") as url:
-                shares[f"SMG {policy}"] = _conversations(url, policy, chat_turn)
+                shares[f"SMG {policy}"] = _conversations(url, f"SMG {policy}", chat_turn)
             with run_server(workdir, _front_env(worker_urls, policy)) as server:
-                shares[f"kronk {policy}"] = _conversations(server.url, policy, chat_turn)
+                shares[f"kronk {policy}"] = _conversations(server.url, f"kronk {policy}", chat_turn)
     (workdir / "latest.json").write_text(json.dumps({"runs": runs, "aggregate": aggregate, "shares": shares},
                                                     indent=2))
 

@@ -59,7 +59,7 @@ def _grpc(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"kronk-wsgi: the gRPC worker needs its extra (pip install 'kronk_wsgi[grpc]'): {exc}", file=sys.stderr)
         return 2
-    return serve(settings, args.bind, args.http)
+    return serve(settings, args.bind, args.http, args.protocol or ("sglang", "vllm"))
 
 
 def _first_run_models(name: str) -> dict:
@@ -197,9 +197,12 @@ def main(argv=None) -> int:
     serve.add_argument("--model", action="append", metavar="ID=PATH", help="serve a model file (repeatable)")
     serve.add_argument("--demo", action="store_true", help="serve the generated demo model (random text), offline")
     serve.set_defaults(run=_serve)
-    worker = commands.add_parser("grpc", help="serve the default model as a gRPC worker (SGLang's engine protocol)")
+    worker = commands.add_parser("grpc", help="serve the default model as a gRPC worker (SGLang's and vLLM's engine "
+                                              "protocols)")
     worker.add_argument("--bind", default="127.0.0.1:30000", help="HOST:PORT of the gRPC service (default %(default)s)")
     worker.add_argument("--http", metavar="HOST:PORT", help="also serve GET /health and GET /metrics here")
+    worker.add_argument("--protocol", action="append", choices=("sglang", "vllm"),
+                        help="the service to serve: SglangScheduler, VllmEngine (default: both)")
     worker.add_argument("--parallel", type=int, help="slots (default 1)")
     worker.add_argument("--config", help="a TOML configuration file")
     worker.add_argument("--model", action="append", metavar="ID=PATH", help="serve a model file (the first is the "

@@ -12,12 +12,14 @@ import pytest
 import requests
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
 
 from kronk_wsgi.engine.generate import DecodeOptions
+from kronk_wsgi.engine.grammar import Grammar
 from kronk_wsgi.engine.grpc_engine import GrpcOptions
 from kronk_wsgi.engine.grpc_remote import generate_request
 from kronk_wsgi.engine.sampling import SamplingParams
-from kronk_wsgi.testing import free_port, run_grpc_worker, run_server
+from kronk_wsgi.testing import free_port, run_grpc_worker, run_server, wait_until
 
 from .conftest import faulty_env
 
@@ -45,6 +47,21 @@ def test_a_replys_decoding_becomes_the_protocols_request():
     assert list(params.stop_token_ids) == [2, 7] and params.ignore_eos and not params.stop
     assert dict(params.logit_bias) == {"5": -100.0}
     assert params.WhichOneof("constraint") is None
+
+
+def test_vllms_call_carries_the_same_decoding_under_its_names_and_the_seed():
+    options = DecodeOptions(
+        end_ids=frozenset({2}), max_tokens=12, min_tokens=3, top_logprobs=2,
+        sampling=SamplingParams(temperature=0.5, top_k=0, seed=7, logit_bias=((5, -100.0),)),
+        grammar=Grammar.__new__(Grammar),
+    )
+    options.grammar.origin = ("ebnf_grammar", 'root ::= "a"')
+    request = generate_request([1, 2, 3], options, "vllm")
+    params = request.sampling_params
+    assert isinstance(request, vllm.GenerateRequest) and list(request.tokenized.input_ids) == [1, 2, 3]
+    assert (params.max_tokens, params.min_tokens, params.seed, params.logprobs, params.top_k) == (12, 3, 7, 2, 0)
+    assert list(params.stop_token_ids) == [2] and params.ignore_eos and dict(params.logit_bias) == {5: -100.0}
+    assert params.WhichOneof("constraint") == "grammar" and params.grammar == 'root ::= "a"'
 
 
 @pytest.mark.parametrize("workers, problem", [
@@ -145,6 +162,20 @@ def test_what_the_workers_cannot_honour_is_a_400_naming_it(front):
     assert windowed.status_code == 400 and "repeat_last_n" in windowed.text, windowed.text
 
 
+def test_a_model_on_vllm_workers_answers_as_on_sglang_ones_and_takes_a_seed(workers, smollm2, local, tmp_path):
+    """The same two workers, called through their VllmEngine service: the local engine's greedy answer, and a
+    seeded sample drawn the same twice (SGLang's protocol carries no seed; vLLM's does)."""
+    with run_server(tmp_path, front_env(smollm2, workers, backend="vllm")) as server:
+        asked = dict(model="remote", messages=QUESTION, max_tokens=30, temperature=0, logprobs=True)
+        remote = client(server).chat.completions.create(**asked)
+        mine = client(local).chat.completions.create(**asked)
+        assert remote.choices[0].message.content == mine.choices[0].message.content
+        assert [t.token for t in remote.choices[0].logprobs.content] == [t.token for t in mine.choices[0].logprobs.content]
+        seeded = dict(model="remote", messages=QUESTION, max_tokens=12, temperature=1.0, seed=3)
+        first, again = (client(server).chat.completions.create(**seeded) for _ in range(2))
+        assert first.choices[0].message.content == again.choices[0].message.content
+
+
 def test_a_conversations_next_turn_goes_to_the_worker_that_holds_it(front, workers):
     """cache_aware: the slot (a worker's place) whose tokens continue most of the prompt is taken."""
     for number in range(3):
@@ -236,3 +267,34 @@ def test_a_worker_killed_mid_stream_ends_it_with_an_in_band_error(tiny_model, tm
         assert any(b'"error"' in line for line in events), events[-3:]
         assert not server.proc.poll()
         assert "Traceback" not in server.logs()
+
+
+def test_workers_are_health_checked_between_requests(tiny_model, tmp_path):
+    """A worker that was not there when the model loaded is taken in once it answers its health check (its model
+    asked then), and serves; one that goes is taken out by its health check, before any request finds it gone."""
+    port = free_port()
+    late = f"127.0.0.1:{port}"
+
+    def logged(event: str) -> bool:
+        return any(entry.get("event") == event and entry.get("worker") == late for entry in server_log(server))
+
+    with run_grpc_worker(tmp_path / "a", faulty_env(tiny_model)) as first, \
+            run_server(tmp_path, front_env(tiny_model, [first, late], policy="round_robin",
+                                           health_interval=0.2)) as server:
+        assert logged("grpc worker unreachable")
+        with run_grpc_worker(tmp_path / "b", faulty_env(tiny_model), port=port) as second:
+            wait_until(lambda: logged("grpc worker back"))
+            for _ in range(4):
+                reply = server.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION, "max_tokens": 2})
+                assert reply.status_code == 200, reply.text
+            assert second.completed() and first.completed()  # round robin again over both
+        wait_until(lambda: logged("grpc worker out"))
+        served = len(first.completed())
+        reply = server.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION, "max_tokens": 2})
+        assert reply.status_code == 200 and len(first.completed()) == served + 1
+        assert "grpc worker failed" not in server.logs()  # no request was sent to the worker that had gone
+        assert "Traceback" not in server.logs()
+
+
+def server_log(server) -> list[dict]:
+    return [json.loads(line) for line in server.logs().splitlines() if line.startswith("{")]

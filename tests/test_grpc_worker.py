@@ -1,5 +1,6 @@
-"""kronk_wsgi as a gRPC worker (SGLang's engine protocol): reading calls, writing replies, and real processes:
-`kronk-wsgi grpc` workers on SmolLM2 (llama.cpp), called directly and through the real Shepherd Model Gateway."""
+"""kronk_wsgi as a gRPC worker (SGLang's and vLLM's engine protocols): reading calls, writing replies, and real
+processes: `kronk-wsgi grpc` workers on SmolLM2 (llama.cpp), called directly and through the real Shepherd Model
+Gateway."""
 
 import hashlib
 import io
@@ -15,12 +16,14 @@ import tokenizers
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
+from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from kronk_wsgi.api.planning import Ending
+from kronk_wsgi.api.planning import JSON_OBJECT, Ending
 from kronk_wsgi.engine.gguf_file import read_gguf
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
 from kronk_wsgi.grpc_worker.replies import Replies
-from kronk_wsgi.grpc_worker.requests import Refused, generation_request, stream_interval
+from kronk_wsgi.grpc_worker.requests import Refused, generation_request, stream_interval, vllm_generation_request
 from kronk_wsgi.serving.events import ChoiceEnd, Finished, Logprobs, PromptCached, TextDelta, TokenIds, \
     TokenLogprob, Usage
 from kronk_wsgi.testing import run_grpc_worker, run_server, run_smg
@@ -101,6 +104,50 @@ def test_a_stream_interval_is_read_and_checked():
 
 
 # -- writing the replies -------------------------------------------------------------------------------------------
+
+def vllm_call(ids=(1, 2, 3), stream=False, **sampling) -> vllm.GenerateRequest:
+    return vllm.GenerateRequest(request_id="r1", tokenized=vllm.TokenizedInput(input_ids=list(ids)), stream=stream,
+                                sampling_params=vllm.SamplingParams(**sampling))
+
+
+def test_a_vllm_call_becomes_a_generation_request():
+    request = vllm_generation_request(vllm_call(
+        ids=range(10), top_k=40, max_tokens=12, min_tokens=2, stop=["\n\n"], stop_token_ids=[7], seed=5, logprobs=3,
+        truncate_prompt_tokens=4, logit_bias={5: -100.0}, choice=vllm.ChoiceConstraint(choices=['yes', 'no "q"'])), "m")
+    assert request.prompts == [[6, 7, 8, 9]] and request.max_tokens == 12 and request.top_logprobs == 3
+    assert request.ending == Ending(False, (7,), 2) and request.stop == ("\n\n",)
+    sampling = request.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.repetition_penalty) == (1.0, 1.0, 1.0)  # unset: vLLM's
+    assert sampling.seed == 5 and sampling.top_k == 40 and sampling.logit_bias == ((5, -100.0),)
+    assert request.reply_format.gbnf == 'root ::= "yes" | "no \\"q\\""'
+    assert vllm_generation_request(vllm_call(json_object=True), "m").reply_format.schema == JSON_OBJECT
+    whole = vllm_generation_request(vllm_call(temperature=0), "m")
+    assert whole.sampling.temperature == 0 and whole.max_tokens is None and whole.top_logprobs is None
+
+
+@pytest.mark.parametrize("request_, field", [
+    (vllm.GenerateRequest(text="hi"), "text"),
+    (vllm_call(prompt_logprobs=1), "prompt_logprobs"),
+    (vllm_call(include_stop_str_in_output=True), "include_stop_str_in_output"),
+    (vllm_call(regex="a+"), "regex"),
+    (vllm_call(truncate_prompt_tokens=-1), "truncate_prompt_tokens"),
+    (vllm_call(logprobs=-1), "logprobs"),
+    (vllm_call(ids=()), "input_ids"),
+])
+def test_what_a_vllm_call_asks_that_cannot_be_honoured_is_refused_by_name(request_, field):
+    with pytest.raises(Refused, match=field):
+        vllm_generation_request(request_, "m")
+
+
+def test_vllm_replies_are_vllms_messages():
+    replies = Replies("r", 3, stream=True, end_ids=frozenset({2}), logprobs=True, pb=vllm)
+    out = []
+    for event in (TokenIds((10,)), Logprobs((_logprob(10),)), TokenIds((2,)), ChoiceEnd("stop")):
+        out += replies.feed(event)
+    assert all(isinstance(m, vllm.GenerateResponse) for m in out)
+    assert [list(m.chunk.token_ids) for m in out if m.HasField("chunk")] == [[10], [2]]
+    assert out[-1].complete.finish_reason == "stop" and out[-1].complete.matched_token_id == 2
+
 
 def _logprob(token):
     return TokenLogprob(b"x", -0.5, ((b"x", -0.5), (b"y", -1.5)), token, (token, 99))
@@ -355,3 +402,35 @@ def test_a_worker_that_fails_mid_stream_ends_it_and_the_next_goes_to_the_other(t
             reply = requests.post(url + "/v1/chat/completions", timeout=120,
                                   json={"model": "tiny", "messages": QUESTION, "max_tokens": 3})
             assert reply.status_code == 200, reply.text
+
+
+def test_the_gateway_serves_a_vllm_worker_as_it_serves_an_sglang_one(smollm2, kronk_http, tmp_path):
+    """A worker serving only VllmEngine: SMG finds it a vLLM worker and answers as kronk's own server does."""
+    with run_grpc_worker(tmp_path / "w", smollm_env(smollm2), args=["--protocol", "vllm"]) as worker, \
+            run_smg([worker.url], "smollm", log=tmp_path / "smg.log") as gateway:
+        assert "(runtime: vllm)" in (tmp_path / "smg.log").read_text()
+        body = {"model": "smollm", "messages": QUESTION, "max_tokens": 30, "temperature": 0, "logprobs": True}
+        through = requests.post(gateway + "/v1/chat/completions", json=body, timeout=120).json()
+        own = kronk_http.post("/v1/chat/completions", body).json()
+        assert through["choices"][0]["message"]["content"] == own["choices"][0]["message"]["content"]
+        assert ([t["token"] for t in through["choices"][0]["logprobs"]["content"]]
+                == [t["token"] for t in own["choices"][0]["logprobs"]["content"]])
+        text = ""
+        with requests.post(gateway + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
+                           timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith(b"data: {") and json.loads(line[6:])["choices"]:
+                    text += json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        assert text == own["choices"][0]["message"]["content"]
+        engine = vllm_grpc.VllmEngineStub(grpc.insecure_channel(worker.address))
+        assert engine.HealthCheck(vllm.HealthCheckRequest(), timeout=10).healthy
+        assert engine.GetServerInfo(vllm.GetServerInfoRequest(), timeout=10).max_num_seqs == 1
+        tokenizer = GGUFTokenizer(read_gguf(smollm2))
+        ids = tokenizer.prompt("Is the sky blue? Answer yes or no.")
+        (reply,) = engine.Generate(vllm_call(ids, temperature=0, max_tokens=5,
+                                             choice=vllm.ChoiceConstraint(choices=["yes", "no"])), timeout=60)
+        answer = b"".join(tokenizer.piece(token) for token in reply.complete.output_ids).decode()
+        assert answer in ("yes", "no") and reply.complete.finish_reason == "stop", (answer, reply)
+        with pytest.raises(grpc.RpcError) as failed:
+            list(engine.Generate(vllm_call(ids, prompt_logprobs=1), timeout=30))
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt_logprobs" in failed.value.details()

@@ -1,4 +1,5 @@
-"""A generation's neutral events as the SGLang engine protocol's ``GenerateResponse`` messages.
+"""A generation's neutral events as ``GenerateResponse`` messages, of SGLang's engine protocol or vLLM's (the same
+messages, but for a few fields vLLM's lack).
 
 Streamed, each report of new tokens is a chunk (token ids, their logprobs,
 cumulative counts; with a ``stream_interval``, once that many tokens are
@@ -8,9 +9,10 @@ the gateway detokenizes them, so text events are not needed.
 """
 
 import dataclasses
+from types import ModuleType
 from typing import Optional
 
-from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
+from smg_grpc_proto.generated import sglang_scheduler_pb2
 
 from ..serving.events import ChoiceEnd, Event, Logprobs, PromptCached, TokenIds
 
@@ -28,14 +30,21 @@ class _Choice:
     thinking_ended: Optional[int] = None  # the tokens up to the thinking's end, once it ended
 
 
+def message(kind, **fields):
+    """A message of type ``kind`` with those of ``fields`` its protocol has (the others are of the other's)."""
+    have = kind.DESCRIPTOR.fields_by_name
+    return kind(**{name: value for name, value in fields.items() if name in have})
+
+
 class Replies:
     """The messages of one ``Generate`` call, fed its session's events in order."""
 
     def __init__(self, request_id: str, prompt_tokens: int, stream: bool, end_ids: frozenset[int],
                  logprobs: bool, choices: int = 1, stream_interval: int = 1,
-                 thinking_end: tuple[int, ...] = ()) -> None:
+                 thinking_end: tuple[int, ...] = (), pb: ModuleType = sglang_scheduler_pb2) -> None:
         """``thinking_end``: the ids of the tag that ends the model's thinking, to count reasoning tokens by
-        (empty: not asked, or the model does not think)."""
+        (empty: not asked, or the model does not think); ``pb``: the protocol's messages."""
+        self.pb = pb
         self.request_id = request_id
         self.choices = choices
         self.prompt_tokens = prompt_tokens
@@ -47,7 +56,7 @@ class Replies:
         self.cached_tokens = 0
         self._choices: dict[int, _Choice] = {}
 
-    def feed(self, event: Event) -> list[pb.GenerateResponse]:
+    def feed(self, event: Event) -> list:
         """The messages ``event`` completes: a chunk once a report's tokens and logprobs are in, a choice's end."""
         if isinstance(event, PromptCached):
             self.cached_tokens = event.usage.cached_tokens
@@ -63,7 +72,7 @@ class Replies:
             out.append(self._complete(event))
         return out
 
-    def aborted(self) -> list[pb.GenerateResponse]:
+    def aborted(self) -> list:
         """The end of each choice not ended yet, as an Abort call ends it: finish reason "abort"."""
         out = self._chunks(flush=True)
         for index in range(self.choices):
@@ -95,7 +104,7 @@ class Replies:
                 return self._completion_tokens(choice)
         return choice.thinking_ended
 
-    def _chunks(self, flush: bool = False) -> list[pb.GenerateResponse]:
+    def _chunks(self, flush: bool = False) -> list:
         """A chunk of each choice's unsent tokens (once there are ``stream_interval`` of them, any if ``flush``)."""
         if not self.stream:
             return []
@@ -103,17 +112,18 @@ class Replies:
         for index, choice in self._choices.items():
             if len(choice.ids) - choice.sent_ids < (1 if flush else self.stream_interval):
                 continue
-            chunk = pb.GenerateStreamChunk(
+            chunk = message(
+                self.pb.GenerateStreamChunk,
                 token_ids=choice.ids[choice.sent_ids:], prompt_tokens=self.prompt_tokens,
                 completion_tokens=self._completion_tokens(choice), cached_tokens=self.cached_tokens, index=index,
                 reasoning_tokens=self._reasoning_tokens(choice),
                 output_logprobs=self._output_logprobs(choice.logprobs[choice.sent_logprobs:]),
             )
             choice.sent_ids, choice.sent_logprobs = len(choice.ids), len(choice.logprobs)
-            out.append(pb.GenerateResponse(request_id=self.request_id, chunk=chunk))
+            out.append(message(self.pb.GenerateResponse, request_id=self.request_id, chunk=chunk))
         return out
 
-    def _complete(self, end: ChoiceEnd) -> pb.GenerateResponse:
+    def _complete(self, end: ChoiceEnd):
         choice = self._choice(end.index)
         choice.ended = True
         matched: dict = {}
@@ -121,7 +131,8 @@ class Replies:
             matched["matched_stop_str"] = end.stop_sequence
         elif end.reason == "stop" and choice.ids and choice.ids[-1] in self.end_ids:
             matched["matched_token_id"] = choice.ids[-1]
-        complete = pb.GenerateComplete(
+        complete = message(
+            self.pb.GenerateComplete,
             output_ids=[] if self.stream else choice.ids, finish_reason=end.reason,
             prompt_tokens=self.prompt_tokens, completion_tokens=self._completion_tokens(choice),
             cached_tokens=self.cached_tokens, reasoning_tokens=self._reasoning_tokens(choice), index=end.index,
@@ -129,12 +140,13 @@ class Replies:
             spec_draft_tokens=end.drafted,
             output_logprobs=None if self.stream else self._output_logprobs(choice.logprobs), **matched,
         )
-        return pb.GenerateResponse(request_id=self.request_id, complete=complete)
+        return message(self.pb.GenerateResponse, request_id=self.request_id, complete=complete)
 
-    def _output_logprobs(self, tokens: list) -> Optional[pb.OutputLogProbs]:
+    def _output_logprobs(self, tokens: list):
         if not self.logprobs or not tokens:
             return None
-        return pb.OutputLogProbs(
+        return self.pb.OutputLogProbs(
             token_logprobs=[t.logprob for t in tokens], token_ids=[t.id for t in tokens],
-            top_logprobs=[pb.TopLogProbs(values=[lp for _, lp in t.top], token_ids=list(t.top_ids)) for t in tokens],
+            top_logprobs=[self.pb.TopLogProbs(values=[lp for _, lp in t.top], token_ids=list(t.top_ids))
+                          for t in tokens],
         )

@@ -6,7 +6,7 @@ CLI does it first): gRPC's calls then run as greenlets, on gevent's loop.
 
 import signal
 from concurrent import futures
-from typing import Optional
+from typing import Optional, Sequence
 
 import gevent
 import gevent.event
@@ -15,17 +15,18 @@ import grpc.experimental.gevent
 import structlog
 from gevent.pywsgi import WSGIServer
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc, vllm_engine_pb2_grpc
 
 from ..config import Settings
 from ..logs import configure_logging
 from ..metrics import Metrics
 from ..serving.pool import ModelPool, ModelUnavailable
-from .servicer import SchedulerServicer
+from .servicer import Calls, SchedulerServicer, VllmEngineServicer
 
 log = structlog.get_logger("kronk_wsgi.grpc_worker")
 
-SERVICE = "sglang.grpc.scheduler.SglangScheduler"
+# The services a worker may serve, by the name `kronk-wsgi grpc --protocol` knows each by.
+SERVICES = {"sglang": "sglang.grpc.scheduler.SglangScheduler", "vllm": "vllm.grpc.engine.VllmEngine"}
 # Calls served at once: each is a greenlet for as long as it streams; admission bounds the work.
 MAX_CALLS = 10_000
 MESSAGE_BYTES = 256 * 1024 * 1024  # a long prompt's ids, a tokenizer bundle
@@ -49,21 +50,27 @@ def side_app(servicer: SchedulerServicer, metrics: Metrics):
     return app
 
 
-def serve(settings: Settings, bind: str, http_bind: Optional[str]) -> int:
-    """Serve the default model until SIGTERM or SIGINT, then drain as the HTTP server does; the exit status."""
+def serve(settings: Settings, bind: str, http_bind: Optional[str], protocols: Sequence[str] = tuple(SERVICES)) -> int:
+    """Serve the default model as the services of ``protocols`` until SIGTERM or SIGINT, then drain as the HTTP
+    server does; the exit status."""
     grpc.experimental.gevent.init_gevent()
     configure_logging()
     metrics = Metrics()
     pool = ModelPool(settings, metrics)
-    servicer = SchedulerServicer(pool, settings, metrics)
+    calls = Calls()
+    servicer = SchedulerServicer(pool, settings, metrics, calls)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_CALLS), options=[
         ("grpc.max_send_message_length", MESSAGE_BYTES), ("grpc.max_receive_message_length", MESSAGE_BYTES),
         ("grpc.keepalive_permit_without_calls", True), ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ])
-    pb_grpc.add_SglangSchedulerServicer_to_server(servicer, server)
+    if "sglang" in protocols:
+        sglang_scheduler_pb2_grpc.add_SglangSchedulerServicer_to_server(servicer, server)
+    if "vllm" in protocols:
+        vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(VllmEngineServicer(pool, settings, metrics, calls), server)
+    names = ["", *(SERVICES[protocol] for protocol in protocols)]
     health_status = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_status, server)
-    for name in ("", SERVICE):
+    for name in names:
         health_status.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if not server.add_insecure_port(bind):
         log.error("grpc bind failed", bind=bind)
@@ -77,19 +84,20 @@ def serve(settings: Settings, bind: str, http_bind: Optional[str]) -> int:
     stopping = gevent.event.Event()
     gevent.signal_handler(signal.SIGTERM, stopping.set)
     gevent.signal_handler(signal.SIGINT, stopping.set)
-    log.info("grpc worker listening", bind=bind, http=http_bind, model=settings.default_model)
+    log.info("grpc worker listening", bind=bind, http=http_bind, model=settings.default_model,
+             protocols=list(protocols))
     try:
         with pool.use(settings.default_model):
             pass
     except ModelUnavailable:
         pass  # logged by the pool; health says why
     else:
-        for name in ("", SERVICE):
+        for name in names:
             health_status.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("grpc worker ready", model=settings.default_model)
     stopping.wait()
     log.info("grpc worker stopping", drain_seconds=settings.drain_timeout)
-    for name in ("", SERVICE):
+    for name in names:
         health_status.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     pool.drain.begin(settings.drain_timeout)
     server.stop(settings.drain_timeout + 1).wait()

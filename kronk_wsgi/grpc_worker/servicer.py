@@ -1,4 +1,5 @@
-"""kronk_wsgi as a worker of the SGLang engine protocol (``SglangScheduler``): token ids in, token ids out.
+"""kronk_wsgi as a worker of SGLang's engine protocol (``SglangScheduler``) and vLLM's (``VllmEngine``): token ids
+in, token ids out.
 
 It serves one model, the configured default, through the same pool,
 scheduler, slots, prompt cache and limits as the HTTP server. Everything
@@ -20,22 +21,24 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
+from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from .. import __version__
 from ..api.errors import ApiError
-from ..api.planning import check, plan
+from ..api.planning import GenerationRequest, check, plan
 from ..config import Settings
 from ..metrics import Metrics
 from ..serving import offload
 from ..serving.drain import ShuttingDown
 from ..serving.events import KeepAlive, Failed, Finished
+from ..serving.jobs import GenerationJob
 from ..serving.pool import LoadedModel, ModelPool, ModelUnavailable, NeverFits, NoRoom
 from ..serving.reasoning import reasoning_of
 from ..serving.scheduler import ClientGone, Overloaded, QueueFull
 from ..serving.session import Session
 from .bundle import CHUNK_BYTES, tokenizer_bundle
-from .replies import Replies
-from .requests import Refused, generation_request, stream_interval
+from .replies import Replies, message
+from .requests import Refused, generation_request, stream_interval, vllm_generation_request
 
 log = structlog.get_logger("kronk_wsgi.grpc_worker")
 
@@ -52,17 +55,29 @@ class Abort(Exception):
         self.status = status
 
 
+class Calls:
+    """The calls a worker runs, and those of them aborted: one set for each of its services."""
+
+    def __init__(self) -> None:
+        self.running: set[str] = set()
+        self.aborted: set[str] = set()
+        self.started = time.time()
+
+
 class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
     """The ``SglangScheduler`` service over a model pool's default model."""
 
-    def __init__(self, pool: ModelPool, settings: Settings, metrics: Metrics) -> None:
+    messages = pb  # the protocol's message types
+
+    def __init__(self, pool: ModelPool, settings: Settings, metrics: Metrics, calls: Optional[Calls] = None) -> None:
         self.pool = pool
         self.settings = settings
         self.metrics = metrics
         self.model_id = settings.default_model
-        self.started = time.time()
-        self._aborted: set[str] = set()
-        self._running: set[str] = set()
+        self.calls = calls or Calls()
+        self.started = self.calls.started
+        self._aborted = self.calls.aborted
+        self._running = self.calls.running
         self._bundle: Optional[tuple[bytes, str]] = None
 
     # -- generation -------------------------------------------------------------------------------------------
@@ -114,8 +129,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         model = self._claim(gone)
         try:
             try:
-                generation = generation_request(request, model.id)
-                interval = stream_interval(request)
+                generation, interval = self._read(request, model)
                 offload.call(gevent.get_hub().threadpool, check, generation)  # schemas take time to check
             except Refused as exc:
                 raise Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
@@ -136,10 +150,16 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         session = Session(model, lease, job, started=started, deadline=started + settings.request_timeout,
                           drain=self.pool.drain, keepalive=settings.keepalive_interval, client_gone=gone,
                           metrics=self.metrics)
-        replies = Replies(request.request_id, job.prompt_tokens, request.stream, job.decode.end_ids,
-                          request.return_logprob, choices=len(job.prompts) * job.n, stream_interval=interval,
-                          thinking_end=_thinking_end(model) if request.require_reasoning else ())
-        return session, replies
+        return session, self._replies(request, job, model, interval)
+
+    def _read(self, request: pb.GenerateRequest, model: LoadedModel) -> tuple[GenerationRequest, int]:
+        """The generation the call asks for, and how many tokens each streamed chunk waits for."""
+        return generation_request(request, model.id), stream_interval(request)
+
+    def _replies(self, request: pb.GenerateRequest, job: GenerationJob, model: LoadedModel, interval: int) -> Replies:
+        return Replies(request.request_id, job.prompt_tokens, request.stream, job.decode.end_ids,
+                       request.return_logprob, choices=len(job.prompts) * job.n, stream_interval=interval,
+                       thinking_end=_thinking_end(model) if request.require_reasoning else ())
 
     def _claim(self, gone: Callable[[], bool]) -> LoadedModel:
         if self.pool.drain.started:
@@ -194,13 +214,13 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
 
     def HealthCheck(self, request: pb.HealthCheckRequest, context: grpc.ServicerContext) -> pb.HealthCheckResponse:
         healthy, message = self.healthy()
-        return pb.HealthCheckResponse(healthy=healthy, message=message)
+        return self.messages.HealthCheckResponse(healthy=healthy, message=message)
 
     def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.ServicerContext) -> pb.GetModelInfoResponse:
         model = self._loaded(context)
         tokenizer, engine = model.engine.tokenizer, model.engine
-        return pb.GetModelInfoResponse(
-            model_path=self.model_id, tokenizer_path="", is_generation=True, served_model_name=self.model_id,
+        return message(
+            self.messages.GetModelInfoResponse, model_path=self.model_id, tokenizer_path="", is_generation=True, served_model_name=self.model_id,
             max_context_length=engine.context_length, vocab_size=tokenizer.vocab_size,
             eos_token_ids=sorted(model.end_ids), bos_token_id=tokenizer.bos_id if tokenizer.bos_id is not None else -1,
             max_req_input_len=engine.context_length - 1, model_type=engine.kind.name, weight_version=__version__,
@@ -217,7 +237,8 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         info.update({"max_total_num_tokens": slots * model.engine.context_length, "is_generation": True})
         start = Timestamp()
         start.FromSeconds(int(self.started))
-        return pb.GetServerInfoResponse(
+        return message(
+            self.messages.GetServerInfoResponse, max_num_seqs=slots, data_parallel_size=1,
             server_args=args, scheduler_info=info, active_requests=len(self._running),
             is_paused=self.pool.drain.started, uptime_seconds=time.time() - self.started,
             sglang_version=f"kronk_wsgi {__version__}", server_type="grpc", start_time=start,
@@ -232,7 +253,8 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         capacity = len(scheduler.slots) * model.engine.context_length
         used = sum(len(slot.cached) for slot in busy)
         waiting = scheduler.waiting + scheduler.waiting_for_slot
-        load = pb.SchedulerLoad(
+        load = message(
+            self.messages.SchedulerLoad,
             dp_rank=0, num_running_reqs=len(busy), num_waiting_reqs=waiting, num_total_reqs=len(busy) + waiting,
             num_used_tokens=used, max_total_num_tokens=capacity, token_usage=used / capacity,
             utilization=len(busy) / len(scheduler.slots), max_running_requests=len(scheduler.slots),
@@ -240,7 +262,7 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         aggregate = pb.AggregateMetrics(total_running_reqs=len(busy), total_waiting_reqs=waiting,
                                         total_reqs=len(busy) + waiting, avg_token_usage=used / capacity,
                                         avg_utilization=load.utilization)
-        return pb.GetLoadsResponse(timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        return message(self.messages.GetLoadsResponse, timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                    version=__version__, dp_rank_count=1, loads=[load], aggregate=aggregate)
 
     def FlushCache(self, request: common_pb2.FlushCacheRequest,
@@ -269,6 +291,32 @@ class SchedulerServicer(pb_grpc.SglangSchedulerServicer):
         for start in range(0, len(data), CHUNK_BYTES):
             end = min(start + CHUNK_BYTES, len(data))
             yield common_pb2.GetTokenizerChunk(data=data[start:end], sha256=digest if end == len(data) else "")
+
+
+class VllmEngineServicer(SchedulerServicer, vllm_engine_pb2_grpc.VllmEngineServicer):
+    """The ``VllmEngine`` service over the same pool: the same calls in vLLM's messages (``calls`` shared with
+    the worker's ``SglangScheduler``, so that either service sees every running call)."""
+
+    messages = vllm_engine_pb2
+
+    def _read(self, request: vllm_engine_pb2.GenerateRequest, model: LoadedModel) -> tuple[GenerationRequest, int]:
+        params = request.sampling_params
+        if params.grammar_from_first_token and params.WhichOneof("constraint") and reasoning_of(model.template.source):
+            raise Refused("sampling_params.grammar_from_first_token", "this model thinks first: its constraint "
+                          "applies from the end of its thinking")
+        return vllm_generation_request(request, model.id), 1
+
+    def _replies(self, request: vllm_engine_pb2.GenerateRequest, job: GenerationJob, model: LoadedModel,
+                 interval: int) -> Replies:
+        return Replies(request.request_id, job.prompt_tokens, request.stream, job.decode.end_ids,
+                       request.sampling_params.HasField("logprobs"), choices=len(job.prompts) * job.n,
+                       pb=vllm_engine_pb2)
+
+    def Abort(self, request: vllm_engine_pb2.AbortRequest,
+              context: grpc.ServicerContext) -> vllm_engine_pb2.AbortResponse:
+        """Stop the running calls named: each stream ends before its next token."""
+        self._aborted.update(rid for rid in request.request_ids if rid in self._running)
+        return vllm_engine_pb2.AbortResponse()
 
 
 def _thinking_end(model: LoadedModel) -> tuple[int, ...]:

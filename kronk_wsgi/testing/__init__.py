@@ -18,7 +18,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import requests
 
@@ -317,9 +317,11 @@ class GrpcWorker:
 
 @contextlib.contextmanager
 def run_grpc_worker(tmp_path: Path, env: Mapping[str, object], args: Sequence[str] = (),
-                    root: Path = Path(__file__).resolve().parents[2]) -> Iterator[GrpcWorker]:
-    """Start `kronk-wsgi grpc` with KRONK_* ``env``; wait until its side port says it is healthy (model loaded)."""
-    port, http_port = free_port(), free_port()
+                    root: Path = Path(__file__).resolve().parents[2], port: Optional[int] = None
+                    ) -> Iterator[GrpcWorker]:
+    """Start `kronk-wsgi grpc` with KRONK_* ``env`` (on ``port``, else a free one); wait until its side port says
+    it is healthy (model loaded)."""
+    port, http_port = port or free_port(), free_port()
     tmp_path.mkdir(parents=True, exist_ok=True)
     log = tmp_path / f"grpc-worker-{port}.log"
     full_env = {**os.environ, "PYTHONPATH": str(root), "XDG_CACHE_HOME": str(tmp_path / "cache"),

@@ -56,7 +56,8 @@ class Abort(Exception):
 
 
 class Calls:
-    """The calls a worker runs, and those of them aborted: one set for each of its services."""
+    """The calls a worker runs, and those of them aborted: shared by its services, so that an Abort through one
+    stops a call made through the other."""
 
     def __init__(self) -> None:
         self.running: set[str] = set()

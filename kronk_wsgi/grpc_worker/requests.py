@@ -31,9 +31,7 @@ def generation_request(call, model_id: str) -> GenerationRequest:
     """The generation ``call`` (a ``GenerateRequest``) asks of model ``model_id``."""
     _refuse_unsupported(call)
     params = call.sampling_params
-    ids = list(call.tokenized.input_ids)
-    if not ids:
-        raise Refused("tokenized.input_ids", "the prompt has no tokens")
+    ids = _prompt(call)
     top_logprobs: Optional[int] = None
     if call.return_logprob:
         if call.top_logprobs_num < 0:
@@ -41,7 +39,8 @@ def generation_request(call, model_id: str) -> GenerationRequest:
         top_logprobs = call.top_logprobs_num
     return GenerationRequest(
         model=model_id, prompt_param="tokenized.input_ids", prompts=[ids], n=max(params.n, 1),
-        reply_format=_constraint(params), sampling=_sampling(params), stop=tuple(params.stop),
+        reply_format=_constraint(params), sampling=_sampling(params, params.temperature, _token_bias(params)),
+        stop=tuple(params.stop),
         ending=Ending(params.ignore_eos, tuple(params.stop_token_ids), params.min_new_tokens),
         max_tokens=params.max_new_tokens if params.HasField("max_new_tokens") else None,
         max_tokens_param="max_new_tokens", top_logprobs=top_logprobs, token_ids=True,
@@ -87,21 +86,35 @@ def _refuse_unsupported(call) -> None:
             raise Refused(field, why)
 
 
-def _sampling(params) -> SamplingParams:
-    values = {name: getattr(params, name) or neutral for name, neutral in NEUTRAL_WHEN_ZERO.items()}
+def _prompt(call) -> list[int]:
+    """The call's prompt: its token ids, at least one."""
+    ids = list(call.tokenized.input_ids)
+    if not ids:
+        raise Refused("tokenized.input_ids", "the prompt has no tokens")
+    return ids
+
+
+def _token_bias(params) -> list[tuple[int, float]]:
+    """SGLang's ``logit_bias``, keyed by token ids written as strings."""
     bias = []
     for key, value in params.logit_bias.items():
         try:
-            token = int(key)
+            bias.append((int(key), value))
         except ValueError:
             raise Refused("sampling_params.logit_bias", f"{key!r} is not a token id") from None
-        bias.append((token, value))
-    if not math.isfinite(params.temperature):
+    return bias
+
+
+def _sampling(params, temperature: float, bias, seed: Optional[int] = None) -> SamplingParams:
+    """Either protocol's sampling fields, with its ``temperature``, ``bias`` (token, bias) and ``seed``; an unset
+    float reads as 0, which top_p and repetition_penalty never mean (as SGLang and vLLM read them)."""
+    if not math.isfinite(temperature):
         raise Refused("sampling_params.temperature", "must be a finite number")
+    values = {name: getattr(params, name) or neutral for name, neutral in NEUTRAL_WHEN_ZERO.items()}
     return SamplingParams(
-        temperature=params.temperature, top_k=max(params.top_k, 0), min_p=params.min_p,
+        temperature=temperature, top_k=max(params.top_k, 0), min_p=params.min_p,
         presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty,
-        logit_bias=tuple(bias), **values,
+        logit_bias=tuple(bias), seed=seed, **values,
     )
 
 
@@ -125,9 +138,7 @@ def vllm_generation_request(call, model_id: str) -> GenerationRequest:
     """The generation ``call`` (vLLM's ``GenerateRequest``) asks of model ``model_id``."""
     _refuse_unsupported_vllm(call)
     params = call.sampling_params
-    ids = list(call.tokenized.input_ids)
-    if not ids:
-        raise Refused("tokenized.input_ids", "the prompt has no tokens")
+    ids = _prompt(call)
     if params.HasField("truncate_prompt_tokens"):
         if params.truncate_prompt_tokens < 1:
             raise Refused("sampling_params.truncate_prompt_tokens", "must be 1 or more (the prompt's last tokens kept)")
@@ -139,7 +150,10 @@ def vllm_generation_request(call, model_id: str) -> GenerationRequest:
         top_logprobs = params.logprobs
     return GenerationRequest(
         model=model_id, prompt_param="tokenized.input_ids", prompts=[ids], n=max(params.n, 1),
-        reply_format=_vllm_constraint(params), sampling=_vllm_sampling(params), stop=tuple(params.stop),
+        reply_format=_vllm_constraint(params), stop=tuple(params.stop),
+        # An unset temperature is vLLM's default, 1.
+        sampling=_sampling(params, params.temperature if params.HasField("temperature") else 1.0,
+                           params.logit_bias.items(), params.seed if params.HasField("seed") else None),
         ending=Ending(params.ignore_eos, tuple(params.stop_token_ids), params.min_tokens),
         max_tokens=params.max_tokens if params.HasField("max_tokens") else None,
         max_tokens_param="max_tokens", top_logprobs=top_logprobs, token_ids=True,
@@ -165,21 +179,6 @@ def _refuse_unsupported_vllm(call) -> None:
     for field, (asked, why) in refused.items():
         if asked:
             raise Refused(field, why)
-
-
-def _vllm_sampling(params) -> SamplingParams:
-    """vLLM's sampling fields; an unset float reads as 0, which top_p and repetition_penalty never mean (nor does
-    vLLM), and an unset temperature is vLLM's default, 1."""
-    values = {name: getattr(params, name) or neutral for name, neutral in NEUTRAL_WHEN_ZERO.items()}
-    temperature = params.temperature if params.HasField("temperature") else 1.0
-    if not math.isfinite(temperature):
-        raise Refused("sampling_params.temperature", "must be a finite number")
-    bias = [(token, value) for token, value in params.logit_bias.items()]
-    return SamplingParams(
-        temperature=temperature, top_k=max(params.top_k, 0), min_p=params.min_p,
-        presence_penalty=params.presence_penalty, frequency_penalty=params.frequency_penalty, logit_bias=tuple(bias),
-        seed=params.seed if params.HasField("seed") else None, **values,
-    )
 
 
 def _vllm_constraint(params) -> Optional[ReplyFormat]:

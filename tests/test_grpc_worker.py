@@ -332,8 +332,9 @@ def test_an_abort_or_a_cancel_stops_the_stream_and_frees_the_slot(workers, smoll
 
 # -- through the real gateway ------------------------------------------------------------------------------------
 
-def test_the_gateways_greedy_answer_is_kronks_own(gateway, kronk_http):
-    body = {"model": "smollm", "messages": QUESTION, "max_tokens": 40, "temperature": 0, "logprobs": True}
+def answers_as_kronk(gateway: str, kronk_http, max_tokens: int) -> str:
+    """Assert that the gateway's greedy answer is kronk's own HTTP answer, token for token; the answer."""
+    body = {"model": "smollm", "messages": QUESTION, "max_tokens": max_tokens, "temperature": 0, "logprobs": True}
     through = requests.post(gateway + "/v1/chat/completions", json=body, timeout=120).json()
     own = kronk_http.post("/v1/chat/completions", body).json()
     assert through["choices"][0]["message"]["content"] == own["choices"][0]["message"]["content"]
@@ -341,11 +342,11 @@ def test_the_gateways_greedy_answer_is_kronks_own(gateway, kronk_http):
             == [t["token"] for t in own["choices"][0]["logprobs"]["content"]])
     assert through["usage"]["prompt_tokens"] == own["usage"]["prompt_tokens"]
     assert through["usage"]["completion_tokens"] == own["usage"]["completion_tokens"]
+    return own["choices"][0]["message"]["content"]
 
 
-def test_the_gateway_streams_what_it_answers_whole(gateway):
-    body = {"model": "smollm", "messages": QUESTION, "max_tokens": 30, "temperature": 0}
-    whole = requests.post(gateway + "/v1/chat/completions", json=body, timeout=120).json()
+def streamed(gateway: str, body: dict) -> tuple[str, list]:
+    """A chat completion streamed through the gateway: its text, and each chunk's finish reason."""
     text, reasons = "", []
     with requests.post(gateway + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
                        timeout=120) as response:
@@ -355,6 +356,17 @@ def test_the_gateway_streams_what_it_answers_whole(gateway):
                 if choice:
                     text += choice[0]["delta"].get("content") or ""
                     reasons.append(choice[0]["finish_reason"])
+    return text, reasons
+
+
+def test_the_gateways_greedy_answer_is_kronks_own(gateway, kronk_http):
+    answers_as_kronk(gateway, kronk_http, 40)
+
+
+def test_the_gateway_streams_what_it_answers_whole(gateway):
+    body = {"model": "smollm", "messages": QUESTION, "max_tokens": 30, "temperature": 0}
+    whole = requests.post(gateway + "/v1/chat/completions", json=body, timeout=120).json()
+    text, reasons = streamed(gateway, body)
     assert text == whole["choices"][0]["message"]["content"] and reasons[-1] == whole["choices"][0]["finish_reason"]
 
 
@@ -409,19 +421,9 @@ def test_the_gateway_serves_a_vllm_worker_as_it_serves_an_sglang_one(smollm2, kr
     with run_grpc_worker(tmp_path / "w", smollm_env(smollm2), args=["--protocol", "vllm"]) as worker, \
             run_smg([worker.url], "smollm", log=tmp_path / "smg.log") as gateway:
         assert "(runtime: vllm)" in (tmp_path / "smg.log").read_text()
-        body = {"model": "smollm", "messages": QUESTION, "max_tokens": 30, "temperature": 0, "logprobs": True}
-        through = requests.post(gateway + "/v1/chat/completions", json=body, timeout=120).json()
-        own = kronk_http.post("/v1/chat/completions", body).json()
-        assert through["choices"][0]["message"]["content"] == own["choices"][0]["message"]["content"]
-        assert ([t["token"] for t in through["choices"][0]["logprobs"]["content"]]
-                == [t["token"] for t in own["choices"][0]["logprobs"]["content"]])
-        text = ""
-        with requests.post(gateway + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
-                           timeout=120) as response:
-            for line in response.iter_lines():
-                if line.startswith(b"data: {") and json.loads(line[6:])["choices"]:
-                    text += json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-        assert text == own["choices"][0]["message"]["content"]
+        answer = answers_as_kronk(gateway, kronk_http, 30)
+        body = {"model": "smollm", "messages": QUESTION, "max_tokens": 30, "temperature": 0}
+        assert streamed(gateway, body)[0] == answer
         engine = vllm_grpc.VllmEngineStub(grpc.insecure_channel(worker.address))
         assert engine.HealthCheck(vllm.HealthCheckRequest(), timeout=10).healthy
         assert engine.GetServerInfo(vllm.GetServerInfoRequest(), timeout=10).max_num_seqs == 1
@@ -429,8 +431,8 @@ def test_the_gateway_serves_a_vllm_worker_as_it_serves_an_sglang_one(smollm2, kr
         ids = tokenizer.prompt("Is the sky blue? Answer yes or no.")
         (reply,) = engine.Generate(vllm_call(ids, temperature=0, max_tokens=5,
                                              choice=vllm.ChoiceConstraint(choices=["yes", "no"])), timeout=60)
-        answer = b"".join(tokenizer.piece(token) for token in reply.complete.output_ids).decode()
-        assert answer in ("yes", "no") and reply.complete.finish_reason == "stop", (answer, reply)
+        chosen = b"".join(tokenizer.piece(token) for token in reply.complete.output_ids).decode()
+        assert chosen in ("yes", "no") and reply.complete.finish_reason == "stop", (chosen, reply)
         with pytest.raises(grpc.RpcError) as failed:
             list(engine.Generate(vllm_call(ids, prompt_logprobs=1), timeout=30))
         assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt_logprobs" in failed.value.details()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from kronk_wsgi.testing import run_server, wait_until
+from kronk_wsgi.testing import model_row, run_server, wait_until
 
 from .support.hub import FakeHub
 
@@ -61,23 +61,18 @@ def stays_stopped(tmp_path: Path) -> None:
     assert after == looks[-1] and after[1] == 0, (looks[-1], after)
 
 
-def far_row(server) -> dict:
-    rows = requests.get(server.url + "/admin/models", timeout=30).json()["data"]
-    return next(row for row in rows if row["id"] == "far")
-
-
 def test_a_load_shows_its_progress_and_stops_when_its_requests_have_gone(slow_hub, tmp_path):
     with run_server(tmp_path, hub_env(slow_hub, tmp_path)) as server:
         first = leaving_client(server, "/v1/chat/completions", {"model": "far", "messages": HI, "max_tokens": 2})
         second = leaving_client(server, "/v1/chat/completions", {"model": "far", "messages": HI, "max_tokens": 2})
-        loading = wait_until(lambda: (far_row(server).get("loading") or {}).get("done"))
-        assert loading >= 10 << 20 and far_row(server)["loading"]["total"] == 25 << 20
+        loading = wait_until(lambda: (model_row(server, "far").get("loading") or {}).get("done"))
+        assert loading >= 10 << 20 and model_row(server, "far")["loading"]["total"] == 25 << 20
         first.close()  # the one that started the load leaves: it goes on for the other
-        wait_until(lambda: (far_row(server).get("loading") or {}).get("done", 0) >= loading + (10 << 20))
-        assert not far_row(server)["load_error"]
+        wait_until(lambda: (model_row(server, "far").get("loading") or {}).get("done", 0) >= loading + (10 << 20))
+        assert not model_row(server, "far")["load_error"]
         second.close()
-        error = wait_until(lambda: far_row(server)["load_error"])
-        assert "every request waiting for it has gone" in error and "loading" not in far_row(server)
+        error = wait_until(lambda: model_row(server, "far")["load_error"])
+        assert "every request waiting for it has gone" in error and "loading" not in model_row(server, "far")
         stays_stopped(tmp_path)
         assert "Traceback" not in server.logs()
 

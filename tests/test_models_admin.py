@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from kronk_wsgi.testing import wait_until
+from kronk_wsgi.testing import model_row, wait_until
 from kronk_wsgi.testing.rawhttp import RawStream
 
 from .conftest import FAULTY, run_server
@@ -19,10 +19,6 @@ HI = [{"role": "user", "content": "hi"}]
 
 def chat(server, model, **extra):
     return server.post("/v1/chat/completions", {"model": model, "messages": HI, "max_tokens": 2, **extra})
-
-
-def row(server, model: str) -> dict:
-    return next(r for r in requests.get(server.url + "/admin/models", timeout=10).json()["data"] if r["id"] == model)
 
 
 def loaded(server, **kwargs) -> set[str]:
@@ -70,7 +66,7 @@ def test_a_model_with_a_stream_stays_and_another_model_waits_for_its_requests(bu
     queued.start()  # waits for the slot the stream holds
     other = threading.Thread(target=ask, args=("b", "b"))
     other.start()  # waits for "slow" to be free, then takes its place
-    wait_until(lambda: row(server, "slow")["queued"] == 1)  # the queued request waits for the stream's slot
+    wait_until(lambda: model_row(server, "slow")["queued"] == 1)  # the queued request waits for the stream's slot
     assert loaded(server) == {"slow"} and "b" not in replies
     rest = [frame for _, frame in frames]
     assert rest[-1] == "data: [DONE]"
@@ -95,7 +91,7 @@ def test_admin_unload_and_a_model_in_use_is_kept(budget_of_one):
     next(frames)
     busy = requests.post(server.url + "/admin/models/slow/unload", timeout=10)
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_in_use"
-    slow = row(server, "slow")
+    slow = model_row(server, "slow")
     assert slow["loaded"] and slow["busy_slots"] == 1 and slow["memory_mb"] >= 0 and slow["idle_seconds"] is None
     stream.close()
     wait_until(lambda: "slow" not in loaded(server))  # as the 409 said: unloaded once its request ended

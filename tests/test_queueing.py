@@ -8,7 +8,7 @@ import time
 
 import requests
 
-from kronk_wsgi.testing import wait_until
+from kronk_wsgi.testing import model_row, wait_until
 from kronk_wsgi.testing.rawhttp import RawStream
 
 from .conftest import faulty_env, metric, run_server
@@ -17,11 +17,6 @@ from .test_background import poll
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 HELLO = [{"role": "user", "content": "Hello there"}]
-
-
-def busy_slots(server, model: str) -> int:
-    rows = requests.get(server.url + "/admin/models", timeout=10).json()["data"]
-    return next(row for row in rows if row["id"] == model).get("busy_slots", 0)
 
 
 def chat(server, **body) -> requests.Response:
@@ -134,7 +129,7 @@ def test_another_model_right_after_an_answer_waits_for_the_first_instead_of_a_50
             answered = len(results)
             first = threading.Thread(target=ask, args=("a",))
             first.start()
-            wait_until(lambda: busy_slots(server, "a") or len(results) > answered)  # b's requests find a busy
+            wait_until(lambda: model_row(server, "a").get("busy_slots") or len(results) > answered)  # b's requests find a busy
             seconds = [threading.Thread(target=ask, args=("b",)) for _ in range(4)]
             for thread in seconds:
                 thread.start()

@@ -220,6 +220,12 @@ def metric(server: Server, name: str, **labels) -> float:
     return 0.0
 
 
+def model_row(server: Server, model_id: str) -> dict:
+    """The model's row in the server's /admin/models."""
+    rows = requests.get(server.url + "/admin/models", timeout=30).json()["data"]
+    return next(row for row in rows if row["id"] == model_id)
+
+
 def wait_until(check: Callable[[], object], seconds: float = 60.0, every: float = 0.1):
     """Call ``check`` until it returns something true, and return that; AssertionError after ``seconds``."""
     deadline = time.monotonic() + seconds

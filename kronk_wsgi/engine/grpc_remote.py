@@ -175,16 +175,23 @@ class GrpcSlot(Slot):
         raise EngineError("a model served by gRPC workers computes no embeddings here")
 
 
+def _shared_params(options: DecodeOptions) -> dict:
+    """The sampling parameters both protocols name alike. The end tokens are this server's (sent as
+    stop_token_ids, the worker's own EOS ignored)."""
+    sampling = options.sampling
+    return dict(temperature=sampling.temperature, top_p=sampling.top_p, min_p=sampling.min_p,
+                frequency_penalty=sampling.frequency_penalty, presence_penalty=sampling.presence_penalty,
+                repetition_penalty=sampling.repetition_penalty, stop_token_ids=sorted(options.end_ids),
+                ignore_eos=True, n=1, skip_special_tokens=False)
+
+
 def sampling_params(options: DecodeOptions) -> pb.SamplingParams:
-    """The protocol's sampling parameters for a reply decoded as ``options`` say. The end tokens are this
-    server's (sent as stop_token_ids, the worker's own EOS ignored); stop texts are cut here, as the text streams."""
+    """SGLang's sampling parameters for a reply decoded as ``options`` say (``top_k`` -1 is off); stop texts are
+    cut here, as the text streams."""
     sampling = options.sampling
     params = pb.SamplingParams(
-        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or -1, min_p=sampling.min_p,
-        frequency_penalty=sampling.frequency_penalty, presence_penalty=sampling.presence_penalty,
-        repetition_penalty=sampling.repetition_penalty, max_new_tokens=options.max_tokens,
-        stop_token_ids=sorted(options.end_ids), ignore_eos=True, min_new_tokens=options.min_tokens, n=1,
-        skip_special_tokens=False, logit_bias={str(token): bias for token, bias in sampling.logit_bias},
+        **_shared_params(options), top_k=sampling.top_k or -1, max_new_tokens=options.max_tokens,
+        min_new_tokens=options.min_tokens, logit_bias={str(token): bias for token, bias in sampling.logit_bias},
     )
     if options.grammar is not None and options.grammar.origin is not None:
         kind, text = options.grammar.origin
@@ -210,11 +217,8 @@ def _vllm_request(prompt: Sequence[int], options: DecodeOptions) -> vllm_pb.Gene
     seed."""
     sampling = options.sampling
     params = vllm_pb.SamplingParams(
-        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, min_p=sampling.min_p,
-        frequency_penalty=sampling.frequency_penalty, presence_penalty=sampling.presence_penalty,
-        repetition_penalty=sampling.repetition_penalty, max_tokens=options.max_tokens, seed=sampling.seed,
-        stop_token_ids=sorted(options.end_ids), ignore_eos=True, min_tokens=options.min_tokens, n=1,
-        skip_special_tokens=False, logit_bias=dict(sampling.logit_bias), logprobs=options.top_logprobs,
+        **_shared_params(options), top_k=sampling.top_k, max_tokens=options.max_tokens, seed=sampling.seed,
+        min_tokens=options.min_tokens, logit_bias=dict(sampling.logit_bias), logprobs=options.top_logprobs,
     )
     if options.grammar is not None and options.grammar.origin is not None:
         kind, text = options.grammar.origin

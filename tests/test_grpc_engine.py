@@ -189,6 +189,25 @@ def test_a_conversations_next_turn_goes_to_the_worker_that_holds_it(front, worke
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens, number
 
 
+def test_conversations_taken_in_turn_each_go_back_to_the_worker_that_holds_them(front):
+    """cache_aware over more conversations than workers: a later turn goes to the worker its earlier turn was sent
+    to, though that worker ran another conversation since (one slot each: the slot's own tokens do not say it)."""
+    facts = " ".join(f"Fact {i} is worth knowing." for i in range(30))
+    conversations = [[{"role": "user", "content": f"Conversation {number} is about the number {number}. {facts} "
+                                                  "Summarize it."}] for number in range(3)]
+    firsts = []
+    for conversation in conversations:
+        first = client(front).chat.completions.create(model="remote", messages=conversation, max_tokens=10,
+                                                      temperature=0)
+        firsts.append(first)
+        conversation += [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "And one more sentence, please."}]
+    for number in (1, 2, 0):  # conversation 0's worker has run conversation 2 since; the other is free
+        second = client(front).chat.completions.create(model="remote", messages=conversations[number], max_tokens=5,
+                                                       temperature=0)
+        assert second.usage.prompt_tokens_details.cached_tokens >= firsts[number].usage.prompt_tokens, number
+
+
 def test_a_client_that_leaves_frees_the_workers_slot(front, workers):
     def gone() -> int:
         return sum(entry["outcome"] == "client_gone" for w in workers for entry in w.completed())

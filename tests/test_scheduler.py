@@ -1,7 +1,7 @@
 """A model's queue, in process: places and slots go to requests in the order they came, without polling.
 
-The slots here are plain objects with the two attributes the scheduler reads (the scope and the cached tokens);
-the flows through real gunicorn are in tests/test_queueing.py.
+The slots here are plain objects with what the scheduler reads of a slot (a local slot's fit: how much of a
+prompt its scope and cached tokens hold); the flows through real gunicorn are in tests/test_queueing.py.
 """
 
 import dataclasses
@@ -10,6 +10,7 @@ import time
 import gevent
 import pytest
 
+from kronk_wsgi.engine.base import Slot
 from kronk_wsgi.metrics import Metrics
 from kronk_wsgi.serving.drain import Drain
 from kronk_wsgi.serving.scheduler import ClientGone, Overloaded, QueueFull, Scheduler
@@ -21,6 +22,7 @@ class Held:
 
     cached: list
     scope: str = ""
+    fit = Slot.fit
 
 
 def never() -> bool:

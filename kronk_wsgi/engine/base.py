@@ -29,6 +29,9 @@ Pick = Callable[[np.ndarray], int]
 # The context served when neither the configuration nor the file gives one.
 DEFAULT_CONTEXT_LENGTH = 2048
 
+# A slot holds a prompt's tokens for it when the prompt continues at least this share of the slot's cached tokens.
+SIMILARITY = 0.5
+
 
 def _branch(shared: int, tokens: Sequence[int], held: Sequence[int]) -> int:
     """Where ``tokens`` part from ``held``, given the ``shared`` leading tokens they have in common (both go on
@@ -188,6 +191,15 @@ class Slot(abc.ABC):
         sliding-window cache, which holds the last window's tokens only, none once it has dropped tokens that
         a shorter prefix's next tokens would attend to."""
         return keep
+
+    def fit(self, prompt: Sequence[int], scope: str) -> int:
+        """How many of the prompt's leading tokens this slot holds for it, for the scheduler's choice of a slot: 0
+        unless the prompt continues at least SIMILARITY of the slot's cached tokens (a later turn of the slot's
+        conversation), in its own scope."""
+        if scope != self.scope or not self.cached:
+            return 0
+        shared = shared_prefix(prompt, self.cached)
+        return shared if shared >= SIMILARITY * len(self.cached) else 0
 
     def enter(self, scope: str) -> None:
         """Work for cache scope ``scope`` (a tenant) from now on: what the slot holds for another scope is saved

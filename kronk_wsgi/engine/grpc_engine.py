@@ -27,9 +27,11 @@ class GrpcOptions(EngineOptions):
 
     workers: list[str] = pydantic.Field(min_length=1)  # grpc://HOST:PORT (or HOST:PORT)
     backend: Literal["sglang", "vllm"] = "sglang"  # the protocol the workers speak: SglangScheduler, VllmEngine
-    # cache_aware: a request goes to the worker whose slot holds most of its prompt (the scheduler's prefix match);
+    # cache_aware: a request goes to the worker that was sent the longest prefix of its prompt (the last
+    # ``remembered_tokens`` sent each worker are remembered; ties and misses go to the worker idle longest);
     # round_robin: to each worker in turn; least_load: to the one with the fewest of this server's requests.
     policy: Literal["cache_aware", "round_robin", "least_load"] = "cache_aware"
+    remembered_tokens: int = pydantic.Field(1_000_000, gt=0)  # of each worker's prompts and replies, for cache_aware
     connect_timeout: float = pydantic.Field(5.0, gt=0)  # seconds a worker has to answer before another is tried
     retry_after: float = pydantic.Field(10.0, gt=0)  # seconds a worker that failed is left out before a retry
     health_interval: float = pydantic.Field(10.0, gt=0)  # seconds between two health checks of each worker

@@ -3,8 +3,9 @@
 Each reply is one ``Generate`` call with token ids in and token ids out; the
 text is read here, as it streams, the same way a local reply's is (stop
 texts, tool calls, thinking). The model's slots stand for the workers'
-(as many as they run requests at once), each slot at one worker, so the
-scheduler's choice of the slot whose tokens continue most of a prompt is the
+(as many as they run requests at once), each slot at one worker; a slot
+holds for a prompt what its worker was sent of it lately (``WorkerPrefixes``),
+so the scheduler's choice of the slot that holds most of a prompt is the
 cache-aware choice of a worker. A worker that does not answer the call is
 left out for a while (and the call goes to another, before any of the reply
 is out); a worker that fails after its first tokens fails the reply. Between
@@ -40,6 +41,7 @@ from .gguf_file import read_gguf
 from .grpc_engine import MAIN_HUB, GrpcOptions
 from .sampling import SamplingParams
 from .tokenizer import GGUFTokenizer, Tokenizer
+from .worker_prefixes import WorkerPrefixes, prompt_hashes
 
 log = structlog.get_logger("kronk_wsgi.grpc_engine")
 
@@ -133,9 +135,10 @@ class _Stream:
 
 
 class Worker:
-    """One worker: its channel and stub (made on the hub), the requests this server has at it, its health."""
+    """One worker: its channel and stub (made on the hub), the requests this server has at it and what it was sent
+    last, its health."""
 
-    def __init__(self, address: str, backend: str) -> None:
+    def __init__(self, address: str, backend: str, remembered_tokens: int) -> None:
         self.address = address
         self.channel = grpc.insecure_channel(address, options=[
             ("grpc.max_send_message_length", MESSAGE_BYTES), ("grpc.max_receive_message_length", MESSAGE_BYTES)])
@@ -147,6 +150,7 @@ class Worker:
         self.described = False  # its model checked against the file's
         self.refused: Optional[str] = None  # why it is never used: it serves another model
         self.slots = 1  # requests it runs at once (its max_running_requests)
+        self.prefixes = WorkerPrefixes(remembered_tokens)  # what its cache most likely holds
 
 
 class GrpcSlot(Slot):
@@ -164,6 +168,10 @@ class GrpcSlot(Slot):
                    cancelled: Callable[[], bool] = lambda: False, choice: int = 0,
                    save_at: Sequence[int] = ()) -> Generation:
         return RemoteGeneration(self, prompt, tokenizer, options, context_length, cancelled, choice, save_at)
+
+    def fit(self, prompt: Sequence[int], scope: str) -> int:
+        """The prompt's leading tokens this slot's worker was last sent (its cache most likely holds them)."""
+        return self.engine.held(self.worker, prompt, scope)
 
     def _eval(self, tokens: Sequence[int], n_past: int, pick=None) -> Optional[int]:
         raise EngineError("a model served by gRPC workers computes no logits here (it generates only)")
@@ -238,6 +246,7 @@ class RemoteGeneration(Generation):
         engine = self.slot.engine
         request = generate_request(self.prompt, self.options, engine.options.backend)
         self._stream, self._first, self._worker = engine.start(self.slot, request, self.cancelled)
+        self._sent = engine.sent(self._worker, self.prompt, self.slot.scope)
         chunk = self._first.chunk if self._first.HasField("chunk") else self._first.complete
         self.cached_tokens = chunk.cached_tokens
         self._reused = True
@@ -252,6 +261,7 @@ class RemoteGeneration(Generation):
             self._stream.cancel()  # a reply cut here (a stop text, the client gone) stops at the worker too
             self.slot.engine.done(worker)
             self.slot.cached = [*self.prompt, *self._ids]
+            self.slot.engine.sent(worker, self.slot.cached, self.slot.scope, replacing=self._sent)
 
     def _read(self, worker: Worker) -> Iterator[str]:
         text = ReplyText(self.tokenizer, self.options)
@@ -321,7 +331,9 @@ class GrpcEngine(Engine):
         self._lock = _allocate_lock()
         self._turn = 0
         on_hub(_init_gevent)
-        self.workers = on_hub(lambda: [Worker(address, options.backend) for address in options.workers])
+        self.workers = on_hub(lambda: [Worker(address, options.backend, options.remembered_tokens)
+                                       for address in options.workers])
+        self._hashed: tuple = ((), "", [])  # the last prompt ``held`` was asked about, its scope, its block hashes
         self.file_name = path.name
         windows = [int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)]
         for worker in self.workers:
@@ -389,7 +401,9 @@ class GrpcEngine(Engine):
         if reason is None:
             worker.down_until = 0.0  # a passed check ends the wait a failed call began
         if reason is not None and reason.startswith(grpc.StatusCode.UNAVAILABLE.name):
-            worker.described = False  # it may come back as another process: its model is asked again
+            worker.described = False  # it may come back as another process: its model is asked again, its cache empty
+            with self._lock:
+                worker.prefixes.clear()
 
     def new_slots(self, count: int, threads: int) -> list[Slot]:
         """As many slots as the workers run requests at once (``count`` is the local engines' setting)."""
@@ -407,6 +421,25 @@ class GrpcEngine(Engine):
         if options.thinking_budget is not None and options.thinking_close:
             return "thinking_budget", "the workers cannot be made to close the thinking"
         return None
+
+    def held(self, worker: int, prompt: Sequence[int], scope: str) -> int:
+        """Runs on the hub: the leading tokens of ``prompt`` the worker numbered ``worker`` was last sent in
+        ``scope`` (none for a worker that is out). The scheduler asks this of each free slot in turn: the prompt's
+        hashes are kept for the next slot."""
+        prompt_now, scope_now, hashes = self._hashed
+        if prompt is not prompt_now or scope != scope_now:
+            hashes = prompt_hashes(prompt, scope)
+            self._hashed = (prompt, scope, hashes)
+        with self._lock:
+            chosen = self.workers[worker]
+            return 0 if chosen.unhealthy or chosen.refused else chosen.prefixes.longest(hashes)
+
+    def sent(self, worker: Worker, tokens: Sequence[int], scope: str,
+             replacing: Optional[bytes] = None) -> Optional[bytes]:
+        """``tokens`` went to ``worker`` (a prompt, or a prompt and its reply ``replacing`` the prompt's key): its
+        cache now most likely holds them. Their key."""
+        with self._lock:
+            return worker.prefixes.add(tokens, scope, replacing)
 
     def _order(self, slot: GrpcSlot) -> list[Worker]:
         """The workers to try, in order: as the policy says, those left out after a failure last."""

@@ -8,7 +8,7 @@ timeout (Overloaded), its client leaving (ClientGone), or the server's drain
 
 Admitted requests wait in a second line for a slot. Whenever a slot is given
 back or a request joins, the line is served in order: each request gets the
-free slot whose cache its prompt continues furthest in its scope, else the
+free slot that holds most of its prompt in its scope (``Slot.fit``), else the
 free one unused longest. A request whose conversation's slot is still
 finishing after its answer waits for that slot (its prompt is mostly there), and those
 behind it may take the others. Nobody polls for a place or a slot: whoever
@@ -21,15 +21,12 @@ from typing import Callable, Optional, Sequence
 
 import gevent.event
 
-from ..engine.base import Slot, shared_prefix
+from ..engine.base import Slot
 from ..metrics import Metrics
 from .drain import Drain, ShuttingDown
 
 # How often a waiter looks at its client's socket (the only thing a waiter looks at on a timer).
 CLIENT_POLL_SECONDS = 0.5
-
-# A slot is a prompt's own when the prompt continues at least this share of the slot's cached tokens.
-SIMILARITY = 0.5
 
 # A slot's states, each with the states it may move to. Handed out, a slot is prefilling; its first token makes
 # it generating; its answer out, it is finishing (its thread saves the prompt's state for the cache, if any, and
@@ -212,7 +209,8 @@ class Scheduler:
                 best = ticket.wanted
             else:
                 finishing = [slot for slot, state in self.states.items() if state == "finishing"]
-                best = max(self._free + finishing, key=lambda slot: _fit(ticket, slot))  # of equals, the first
+                # Of equals, the first: the free one unused longest.
+                best = max(self._free + finishing, key=lambda slot: slot.fit(ticket.prefix, ticket.scope))
                 if best in finishing:
                     continue  # its conversation's slot is still finishing after its answer: it waits for that one
             self._free.remove(best)
@@ -221,13 +219,3 @@ class Scheduler:
             self._move(best, "prefilling")
             ticket.slot = best
             ticket.granted.set()
-
-
-def _fit(ticket: _Ticket, slot: Slot) -> int:
-    """How many of the slot's cached tokens the ticket's prompt reuses: 0 unless it continues at least
-    SIMILARITY of them (a later turn of the slot's conversation), in its own scope."""
-    if slot.scope != ticket.scope or not slot.cached:
-        return 0
-    shared = shared_prefix(ticket.prefix, slot.cached)
-    return shared if shared >= SIMILARITY * len(slot.cached) else 0
-

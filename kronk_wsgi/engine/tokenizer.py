@@ -192,7 +192,90 @@ def control_tokens(gguf_file: GGUFFile) -> dict[str, int]:
     return {tokens[i]: int(i) for i in np.flatnonzero(np.asarray(types) == CONTROL) if i < len(tokens)}
 
 
-class GGUFTokenizer(Tokenizer):
+class PipelineTokenizer(Tokenizer):
+    """A vocabulary of typed token texts whose plain text a ``tokenizers`` pipeline merges and whose control tokens
+    are found by their text: what a tokenizer read from a GGUF file and one read from a ``tokenizer.json`` share."""
+
+    kind: str  # "llama": SentencePiece's "▁" for spaces and byte tokens "<0xAB>"; "gpt2": byte-level BPE
+    space_prefix: bool  # a space is put before the text (SentencePiece)
+    texts: list[str]
+    types: list[int]
+    _hf: tokenizers.Tokenizer  # merges plain text
+    _hf_continued: tokenizers.Tokenizer  # merges plain text that continues earlier text
+
+    def _vocabulary(self, texts: list[str], types: list[int], special: Callable[[str], Optional[int]],
+                    ends: Iterable[Optional[int]]) -> None:
+        """What follows from the token texts and types (``kind``, ``space_prefix``, ``eos_id`` set first): the
+        control, end and fill-in-the-middle tokens, each token's bytes. ``special`` names a token by its role
+        (``bos_token_id``...) where the source does, ``ends`` are the source's end tokens beside EOS."""
+        self.texts, self.types = texts, types
+        self.vocab_size = len(texts)
+        self.control = {texts[i]: i for i, kind in enumerate(types) if kind == CONTROL}
+        self._control_pattern = any_of(self.control)
+        ends = {self.eos_id, *ends} | {i for text, i in self.control.items() if text in END_OF_GENERATION}
+        if {"<|return|>", "<|call|>"} <= self.control.keys():  # gpt-oss: <|end|> ends a message, not the reply
+            ends.discard(self.control.get("<|end|>"))
+        self.end_ids = frozenset(i for i in ends if i is not None)
+        self.fim_ids = _fim_ids(texts, special)
+        self._pieces = [self._piece_bytes(i) for i in range(len(texts))]
+        self.longest_piece = max(4, max((len(t.encode("utf-8", "surrogateescape")) for t in texts), default=0))
+
+    def _piece_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for in generated text; control tokens stand for none."""
+        text, kind = self.texts[token], self.types[token]
+        if kind in (CONTROL, UNKNOWN, UNUSED):
+            return b""
+        if kind == BYTE and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text):
+            return bytes([int(text[3:5], 16)])
+        if kind == NORMAL and self.kind == "gpt2":
+            raw = byte_level_bytes(text)
+            if raw is not None:
+                return raw
+        if self.kind == "llama":
+            text = text.replace("▁", " ")
+        return text.encode("utf-8", "surrogateescape")
+
+    def token_text(self, token: Optional[int]) -> str:
+        return "" if token is None else self.texts[token]
+
+    def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
+        if not specials or self._control_pattern is None:
+            return self._plain(text, inert)
+        ids: list[int] = []
+        at = 0
+        for match in self._control_pattern.finditer(text):
+            ids += self._plain(text[at:match.start()], inert)
+            ids.append(self.control[match.group()])
+            at = match.end()
+        return ids + self._plain(text[at:], inert)
+
+    def _plain(self, text: str, inert: Optional[str]) -> list[int]:
+        if inert:
+            text = text.replace(inert, "")
+        # encode_batch lets go of the GIL while it works (encode does not): the event loop runs on meanwhile.
+        return self._hf.encode_batch([text], add_special_tokens=False)[0].ids if text else []
+
+    def continuation(self, text: str) -> list[int]:
+        return self._hf_continued.encode_batch([text], add_special_tokens=False)[0].ids if text else []
+
+    def piece(self, token: int) -> bytes:
+        return self._pieces[token]
+
+    def decode(self, tokens: Sequence[int]) -> bytes:
+        tokens = list(tokens)
+        if self.add_bos and tokens[:1] == [self.bos_id]:
+            tokens = tokens[1:]
+        if self.add_eos and tokens[-1:] == [self.eos_id]:
+            tokens = tokens[:-1]
+        data = b"".join(
+            self.texts[t].encode("utf-8", "surrogateescape") if self.types[t] == CONTROL else self._pieces[t]
+            for t in tokens
+        )
+        # SentencePiece puts a space before the text it tokenizes; its decode leaves it out.
+        return data[1:] if self.space_prefix and data.startswith(b" ") else data
+
+
+class GGUFTokenizer(PipelineTokenizer):
     """The tokenizer a GGUF file describes, exactly as the model was trained."""
 
     def __init__(self, gguf_file: GGUFFile) -> None:
@@ -203,7 +286,6 @@ class GGUFTokenizer(Tokenizer):
             raise BadModelFile(f"{gguf_file.path.name}: no vocabulary (tokenizer.ggml.tokens)")
         types = get("tokenizer.ggml.token_type")
         types = [int(t) for t in types] if types is not None else [NORMAL] * len(tokens)
-        self.vocab_size = len(tokens)
         self.pre = get("tokenizer.ggml.pre")
         if self.kind == "llama":
             model, normalizer, pre_tokenizer, add_bos = self._spm(gguf_file, tokens, types)
@@ -229,18 +311,7 @@ class GGUFTokenizer(Tokenizer):
         self.add_eos = bool(get("tokenizer.ggml.add_eos_token", False)) and self.eos_id is not None
         self.sep_id = special("seperator_token_id")  # GGUF's spelling
         self.add_sep = bool(get("tokenizer.ggml.add_sep_token", False)) and self.sep_id is not None
-        self.texts = tokens
-        self.types = types
-        self.control = control_tokens(gguf_file)
-        self._control_pattern = any_of(self.control)
-        ends = {self.eos_id, special("eot_token_id"), special("eom_token_id")}
-        ends |= {i for text, i in self.control.items() if text in END_OF_GENERATION}
-        if {"<|return|>", "<|call|>"} <= self.control.keys():  # gpt-oss: <|end|> ends a message, not the reply
-            ends.discard(self.control.get("<|end|>"))
-        self.end_ids = frozenset(i for i in ends if i is not None)
-        self.fim_ids = _fim_ids(tokens, special)
-        self._pieces = [self._piece_bytes(i) for i in range(len(tokens))]
-        self.longest_piece = max(4, max((len(t.encode("utf-8", "surrogateescape")) for t in tokens), default=0))
+        self._vocabulary(tokens, types, special, (special("eot_token_id"), special("eom_token_id")))
 
     @staticmethod
     def _pipeline(model, normalizer, pre_tokenizer, added: list[tokenizers.AddedToken]) -> tokenizers.Tokenizer:
@@ -299,57 +370,3 @@ class GGUFTokenizer(Tokenizer):
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
         self.space_prefix = False
         return model, None, pre_tokenizers.Sequence(steps), add_bos
-
-    def _piece_bytes(self, token: int) -> bytes:
-        """The bytes a token stands for in generated text; control tokens stand for none."""
-        text, kind = self.texts[token], self.types[token]
-        if kind in (CONTROL, UNKNOWN, UNUSED):
-            return b""
-        if kind == BYTE and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text):
-            return bytes([int(text[3:5], 16)])
-        if kind == NORMAL and self.kind == "gpt2":
-            raw = byte_level_bytes(text)
-            if raw is not None:
-                return raw
-        if self.kind == "llama":
-            text = text.replace("▁", " ")
-        return text.encode("utf-8", "surrogateescape")
-
-    def token_text(self, token: Optional[int]) -> str:
-        return "" if token is None else self.texts[token]
-
-    def encode(self, text: str, specials: bool = True, inert: Optional[str] = None) -> list[int]:
-        if not specials or self._control_pattern is None:
-            return self._plain(text, inert)
-        ids: list[int] = []
-        at = 0
-        for match in self._control_pattern.finditer(text):
-            ids += self._plain(text[at:match.start()], inert)
-            ids.append(self.control[match.group()])
-            at = match.end()
-        return ids + self._plain(text[at:], inert)
-
-    def _plain(self, text: str, inert: Optional[str]) -> list[int]:
-        if inert:
-            text = text.replace(inert, "")
-        # encode_batch lets go of the GIL while it works (encode does not): the event loop runs on meanwhile.
-        return self._hf.encode_batch([text], add_special_tokens=False)[0].ids if text else []
-
-    def continuation(self, text: str) -> list[int]:
-        return self._hf_continued.encode_batch([text], add_special_tokens=False)[0].ids if text else []
-
-    def piece(self, token: int) -> bytes:
-        return self._pieces[token]
-
-    def decode(self, tokens: Sequence[int]) -> bytes:
-        tokens = list(tokens)
-        if self.add_bos and tokens[:1] == [self.bos_id]:
-            tokens = tokens[1:]
-        if self.add_eos and tokens[-1:] == [self.eos_id]:
-            tokens = tokens[:-1]
-        data = b"".join(
-            self.texts[t].encode("utf-8", "surrogateescape") if self.types[t] == CONTROL else self._pieces[t]
-            for t in tokens
-        )
-        # SentencePiece puts a space before the text it tokenizes; its decode leaves it out.
-        return data[1:] if self.space_prefix and data.startswith(b" ") else data

@@ -13,9 +13,9 @@ from .engine.registry import ENGINES
 Progress = Callable[[int, Optional[int]], None]
 
 
-def model_file(spec: ModelSpec, progress: Progress = lambda done, total: None) -> Path:
+def model_file(spec: ModelSpec, progress: Progress = lambda done, total: None) -> Optional[Path]:
     """The local file of a model: as configured, from the hub cache (downloaded first if it is not there yet,
-    reporting to ``progress``), or generated."""
+    reporting to ``progress``), or generated; a model on gRPC workers may name a folder, or nothing (None)."""
     if spec.demo is not None:
         return ensure_demo_model(spec.demo)
     if spec.repo_id is not None:
@@ -29,7 +29,11 @@ def model_file(spec: ModelSpec, progress: Progress = lambda done, total: None) -
             return hub.pull(spec.repo_id, spec.filename or spec.quant, spec.revision, progress=progress)
         except hub.HubError as exc:
             raise EngineError(str(exc)) from None
+    if spec.path is None:
+        return None
     path = Path(spec.path).expanduser()
+    if path.is_dir() and spec.engine == "grpc":
+        return path
     if not path.is_file():
         raise EngineError(f"model file not found: {path}")
     return path
@@ -44,7 +48,7 @@ def local_file(spec: ModelSpec) -> Optional[Path]:
     if spec.demo is not None:
         path = demo_model_path(spec.demo)
         return path if path.is_file() else None
-    return Path(spec.path).expanduser()
+    return Path(spec.path).expanduser() if spec.path is not None else None
 
 
 def check_engine_options(spec: ModelSpec) -> None:

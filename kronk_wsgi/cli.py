@@ -149,8 +149,9 @@ def _models(args: argparse.Namespace) -> int:
     table = [("id", "file", "size", "architecture", "quantization", "context", "engine", "loaded")]
     for model_id, where, path in entries:
         on_disk = path is not None and path.is_file()
+        remote = model_id in settings.models and settings.models[model_id].engine == "grpc"
         facts = summary(path) if on_disk else {"architecture": "-", "quantization": "-", "context": "-",
-                                                "engine": "not on disk yet"}
+                                                "engine": "grpc" if remote else "not on disk yet"}
         state = "-" if loaded is None or model_id == "-" else "yes" if model_id in loaded else "no"
         size = f"{path.stat().st_size / 1e6:.0f} MB" if on_disk else "-"
         table.append((model_id, where, size, *facts.values(), state))

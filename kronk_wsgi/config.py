@@ -59,7 +59,9 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: Optional[str] = None  # a local model file
+    # A local model file; for a model on gRPC workers (engine "grpc") a GGUF file or a folder of Hugging Face
+    # tokenizer files, or nothing: the workers' tokenizer then
+    path: Optional[str] = None
     repo_id: Optional[str] = None  # or a GGUF file in a Hugging Face hub repository,
     filename: Optional[str] = None  # named by its file name,
     quant: Optional[str] = None  # or by its quantization (Q4_K_M, ...), or neither if the repository has one
@@ -86,6 +88,8 @@ class ModelSpec(BaseModel):
         """Where the model comes from, in a few words."""
         if self.repo_id is not None:
             return " ".join(filter(None, (self.repo_id, self.filename or self.quant, self.revision and f"@{self.revision}")))
+        if self.path is None and self.demo is None:
+            return "gRPC workers " + ", ".join(map(str, self.engine_options.get("workers") or ()))
         return self.path if self.path is not None else f"demo model ({self.demo})"
 
     @property
@@ -97,8 +101,8 @@ class ModelSpec(BaseModel):
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
         sources = [self.path is not None, self.repo_id is not None, self.demo is not None]
-        if sum(sources) != 1:
-            raise ValueError("give exactly one of path, repo_id (+ filename) or demo")
+        if sum(sources) > 1 or (sum(sources) == 0 and self.engine != "grpc"):
+            raise ValueError("give exactly one of path, repo_id (+ filename) or demo (or none, for engine \"grpc\")")
         if (self.filename is not None or self.quant is not None or self.revision is not None) and self.repo_id is None:
             raise ValueError("filename, quant and revision belong with a repo_id")
         if self.filename is not None and self.quant is not None:

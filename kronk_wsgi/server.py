@@ -86,7 +86,7 @@ def _announce(worker, kronk) -> None:
     example = json.dumps({"model": model_id, "stream": True, "messages": [{"role": "user", "content": "Hello!"}]})
     lines = [
         f"kronk-wsgi: serving {model_id} at {url}/v1 (OpenAI), {url}/v1/messages (Anthropic)",
-        f"  file     {local_file(settings.models[model_id])}",
+        f"  file     {local_file(settings.models[model_id]) or settings.models[model_id].describe()}",
         f"  engine   {engine.kind.name}, context {engine.context_length} tokens, {settings.parallel} slot(s), "
         f"{settings.workers} worker(s)",
         *([f"  also     {', '.join(others)} (each loaded on first use)"] if others else []),

@@ -41,10 +41,17 @@ def test_config_layers(tmp_path):
     ({"KRONK_MODELS": "a=/x,b=/y"}, "default_model"),
     ({"KRONK_MODELS": "a=/x", "KRONK_DEFAULT_MODEL": "b"}, "default_model"),
     ({"KRONK_MODELS": '{"a": {"path": "/x", "repo_id": "o/r", "filename": "f"}}'}, "exactly one"),
+    ({"KRONK_MODELS": '{"a": {"engine": "llama.cpp"}}'}, r"exactly one of .* \(or none, for engine \"grpc\"\)"),
 ])
 def test_bad_config_is_refused_clearly(env, message):
     with pytest.raises(ConfigError, match=message):
         settings_from_config(read_config(environ=env))
+
+
+def test_a_model_on_grpc_workers_may_name_no_file():
+    settings = settings_from_config(read_config(environ={
+        "KRONK_MODELS": '{"a": {"engine": "grpc", "engine_options": {"workers": ["grpc://h1:30000"]}}}'}))
+    assert settings.models["a"].describe() == "gRPC workers grpc://h1:30000"
 
 
 def test_unknown_toml_key(tmp_path):

@@ -2,14 +2,17 @@
 processes: a `kronk-wsgi serve` whose model names two `kronk-wsgi grpc` workers on SmolLM2, called by the OpenAI
 SDK; workers that die, never listen or serve another model."""
 
+import io
 import json
 import threading
 import time
+import zipfile
 
 import grpc
 import openai
 import pytest
 import requests
+from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm
@@ -19,7 +22,7 @@ from kronk_wsgi.engine.grammar import Grammar
 from kronk_wsgi.engine.grpc_engine import GrpcOptions
 from kronk_wsgi.engine.grpc_remote import generate_request
 from kronk_wsgi.engine.sampling import SamplingParams
-from kronk_wsgi.testing import free_port, run_grpc_worker, run_server, wait_until
+from kronk_wsgi.testing import free_port, model_row, run_grpc_worker, run_server, wait_until
 
 from .conftest import faulty_env
 
@@ -83,8 +86,10 @@ def worker_env(smollm2):
 
 
 def front_env(model, workers, **options):
+    """The front's model "remote" on ``workers``: its tokenizer from the file or folder ``model``, or from the
+    workers (None)."""
     return {"KRONK_MODELS": json.dumps({"remote": {
-        "path": str(model), "engine": "grpc",
+        **({"path": str(model)} if model is not None else {}), "engine": "grpc",
         "engine_options": {"workers": [w if isinstance(w, str) else w.url for w in workers], **options}}})}
 
 
@@ -113,6 +118,10 @@ def client(server) -> openai.OpenAI:
 
 
 def test_the_workers_greedy_answer_is_the_local_engines(front, local):
+    same_greedy_answer(front, local)
+
+
+def same_greedy_answer(front, local):
     asked = dict(model="remote", messages=QUESTION, max_tokens=40, temperature=0)
     remote = client(front).chat.completions.create(**asked)
     mine = client(local).chat.completions.create(**asked)
@@ -120,6 +129,30 @@ def test_the_workers_greedy_answer_is_the_local_engines(front, local):
     assert remote.choices[0].finish_reason == mine.choices[0].finish_reason
     assert remote.usage.prompt_tokens == mine.usage.prompt_tokens
     assert remote.usage.completion_tokens == mine.usage.completion_tokens
+
+
+def test_a_model_naming_no_file_reads_the_workers_tokenizer_and_answers_as_the_local_engine(workers, local,
+                                                                                             tmp_path):
+    with run_server(tmp_path, front_env(None, workers)) as server:
+        same_greedy_answer(server, local)
+        row = model_row(server, "remote")
+        assert row["source"] == f"gRPC workers {workers[0].url}, {workers[1].url}", row
+
+
+def test_a_model_naming_a_tokenizer_folder_answers_as_the_local_engine(workers, local, tmp_path):
+    bundle = b"".join(chunk.data for chunk in pb_grpc.SglangSchedulerStub(grpc.insecure_channel(workers[0].address))
+                      .GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=60))
+    zipfile.ZipFile(io.BytesIO(bundle)).extractall(tmp_path / "tokenizer")
+    with run_server(tmp_path, front_env(tmp_path / "tokenizer", workers)) as server:
+        same_greedy_answer(server, local)
+
+
+def test_a_model_naming_no_file_whose_workers_send_no_tokenizer_says_so(tmp_path):
+    gone = f"grpc://127.0.0.1:{free_port()}"
+    with run_server(tmp_path, front_env(None, [gone]), ready="/v1/liveness") as server:
+        reply = server.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION})
+        assert reply.status_code >= 500 and "no worker sent its tokenizer" in reply.text, reply.text
+        assert "Traceback" not in server.logs()
 
 
 def test_a_stream_is_the_whole_answer_with_logprobs(front):

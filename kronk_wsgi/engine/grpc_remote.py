@@ -19,6 +19,7 @@ thread-safe queue.
 """
 
 import _thread
+import hashlib
 import time
 import uuid
 from _queue import Empty, SimpleQueue
@@ -30,6 +31,7 @@ import grpc
 import grpc.experimental.gevent
 import structlog
 from gevent import monkey
+from smg_grpc_proto.generated import common_pb2
 from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
 from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
@@ -37,8 +39,9 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
 from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Slot
 from .generate import DecodeOptions, Generation, ReplyText, SampledToken
-from .gguf_file import read_gguf
+from .gguf_file import BadModelFile, read_gguf
 from .grpc_engine import MAIN_HUB, GrpcOptions
+from .hf_tokenizer import HFTokenizer
 from .sampling import SamplingParams
 from .tokenizer import GGUFTokenizer, Tokenizer
 from .worker_prefixes import WorkerPrefixes, prompt_hashes
@@ -48,6 +51,7 @@ log = structlog.get_logger("kronk_wsgi.grpc_engine")
 _allocate_lock = monkey.get_original("_thread", "allocate_lock")
 MESSAGE_BYTES = 256 * 1024 * 1024  # a long prompt's ids
 POLL_SECONDS = 0.05  # how often a thread waiting for a worker's next message looks whether it was cancelled
+TOKENIZER_SECONDS = 120.0  # a worker has to send its tokenizer bundle (it may make it first: seconds for a large one)
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # the worker, not the request, failed
 _END = object()
 # Each backend's messages and client.
@@ -181,6 +185,15 @@ class GrpcSlot(Slot):
 
     def embedding(self):
         raise EngineError("a model served by gRPC workers computes no embeddings here")
+
+
+def _read_model(path: Path) -> tuple[Tokenizer, Optional[str], Optional[int]]:
+    """The tokenizer, chat template and context length of a GGUF file or a folder of tokenizer files."""
+    if path.is_dir():
+        tokenizer = HFTokenizer.from_folder(path)
+        return tokenizer, tokenizer.chat_template, tokenizer.context_length
+    model = read_gguf(path)
+    return GGUFTokenizer(model), model.chat_template, model.context_length
 
 
 def _shared_params(options: DecodeOptions) -> dict:
@@ -320,22 +333,26 @@ class RemoteGeneration(Generation):
 
 
 class GrpcEngine(Engine):
-    """A model file's tokenizer and template here, its replies from workers that serve the same model."""
+    """The model's tokenizer and template here (from its GGUF file, its tokenizer folder, or the workers' tokenizer
+    bundle), its replies from workers that serve the same model."""
 
-    def __init__(self, name: str, path: Path, context_length: Optional[int], options: GrpcOptions) -> None:
+    def __init__(self, name: str, path: Optional[Path], context_length: Optional[int], options: GrpcOptions) -> None:
         self.name = name
-        model = read_gguf(path)
-        self.tokenizer = GGUFTokenizer(model)
-        self.chat_template = model.chat_template
         self.options = options
         self._lock = _allocate_lock()
         self._turn = 0
+        if path is not None:
+            self.tokenizer, self.chat_template, own_window = _read_model(path)
+            self.file_name = path.name
         on_hub(_init_gevent)
         self.workers = on_hub(lambda: [Worker(address, options.backend, options.remembered_tokens)
                                        for address in options.workers])
         self._hashed: tuple = ((), "", [])  # the last prompt ``held`` was asked about, its scope, its block hashes
-        self.file_name = path.name
-        windows = [int(context_length or model.context_length or DEFAULT_CONTEXT_LENGTH)]
+        if path is None:
+            self.tokenizer, self.chat_template, own_window = self._workers_tokenizer()
+        # A GGUF file's vocabulary is the model's, and so is a tokenizer's whose config.json says the model's size.
+        self._whole_vocabulary = getattr(self.tokenizer, "model_vocab_size", True) is not None
+        windows = [int(window) for window in (context_length or own_window,) if window]
         for worker in self.workers:
             try:
                 info = on_hub(self._describe, worker)
@@ -351,7 +368,7 @@ class GrpcEngine(Engine):
         if not any(worker.described for worker in self.workers):
             self.close()
             raise EngineError("no worker answered: " + ", ".join(w.address for w in self.workers))
-        self.context_length = min(windows)
+        self.context_length = min(windows, default=DEFAULT_CONTEXT_LENGTH)
         self._watch = on_hub(gevent.spawn, self._watch_health)
 
     def _describe(self, worker: Worker) -> pb.GetModelInfoResponse:
@@ -366,10 +383,40 @@ class GrpcEngine(Engine):
             running = server.server_args.fields.get("max_running_requests")
             worker.slots = max(int(running.number_value), 1) if running is not None else 1
         worker.described = True
-        if info.vocab_size != self.tokenizer.vocab_size:
+        size = self.tokenizer.vocab_size
+        if info.vocab_size < size or (self._whole_vocabulary and info.vocab_size != size):
             worker.refused = (f"worker {worker.address} serves another model ({info.served_model_name}): its "
                               f"vocabulary has {info.vocab_size} tokens, {self.file_name}'s {self.tokenizer.vocab_size}")
         return info
+
+    def _workers_tokenizer(self) -> tuple[Tokenizer, Optional[str], Optional[int]]:
+        """The tokenizer, chat template and context length of the bundle the first worker that answers sends
+        (``GetTokenizer``); EngineError (the engine closed) if none does."""
+        reasons = []
+        for worker in self.workers:
+            try:
+                data = on_hub(self._fetch_tokenizer, worker)
+                tokenizer = HFTokenizer.from_bundle(data, f"worker {worker.address}")
+            except grpc.RpcError as exc:
+                reasons.append(f"{worker.address}: {exc.code().name} {exc.details() or ''}".strip())
+                continue
+            except BadModelFile as exc:
+                reasons.append(str(exc))
+                continue
+            self.file_name = f"the tokenizer of worker {worker.address}"
+            return tokenizer, tokenizer.chat_template, tokenizer.context_length
+        self.close()
+        raise EngineError("no worker sent its tokenizer (the model names no file): " + "; ".join(reasons))
+
+    @staticmethod
+    def _fetch_tokenizer(worker: Worker) -> bytes:
+        """Runs on the hub: the worker's tokenizer bundle, its SHA-256 checked (BadModelFile if it differs)."""
+        chunks = list(worker.stub.GetTokenizer(common_pb2.GetTokenizerRequest(), timeout=TOKENIZER_SECONDS))
+        data = b"".join(chunk.data for chunk in chunks)
+        digest = chunks[-1].sha256 if chunks else ""
+        if digest and hashlib.sha256(data).hexdigest() != digest:
+            raise BadModelFile(f"worker {worker.address}: its tokenizer bundle does not match its SHA-256")
+        return data
 
     def _watch_health(self) -> None:
         """Runs on the hub: every worker's health, every ``health_interval``, until the engine closes."""

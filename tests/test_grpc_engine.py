@@ -263,6 +263,42 @@ def test_a_client_that_leaves_frees_the_workers_slot(front, workers):
     assert gone() == before + 1 and running() == 0
 
 
+def test_workers_are_added_and_removed_at_run_time_through_the_admin_api(workers, smollm2, tmp_path):
+    one, two = workers
+    admin = lambda method, **kw: requests.request(method, server.url + "/admin/models/remote/workers",  # noqa: E731
+                                                  timeout=60, **kw)
+
+    def served(worker) -> int:
+        return sum(entry["outcome"] == "ok" for entry in worker.completed())
+
+    with run_server(tmp_path, front_env(smollm2, [one])) as server:
+        client(server).chat.completions.create(model="remote", messages=QUESTION, max_tokens=2)
+        assert [row["url"] for row in admin("GET").json()["data"]] == [one.url]
+        added = admin("POST", json={"url": two.url})
+        assert added.status_code == 200 and added.json()["slots"] == 1, added.text
+        assert model_row(server, "remote")["slots"] == 2 and model_row(server, "remote")["places"] == 4
+        assert admin("POST", json={"url": two.url}).status_code == 409  # a worker of the model already
+        gone = admin("POST", json={"url": f"grpc://127.0.0.1:{free_port()}"})
+        assert gone.status_code == 502 and "does not answer" in gone.json()["error"]["message"]
+        assert admin("POST", json={"url": "h1"}).status_code == 400
+        removed = admin("DELETE", params={"url": one.url})
+        assert removed.status_code == 200 and removed.json()["slots"] == 1, removed.text
+        before = served(one), served(two)
+        for number in range(3):
+            conversation = [{"role": "user", "content": f"Say the number {number}."}]
+            client(server).chat.completions.create(model="remote", messages=conversation, max_tokens=2)
+        assert served(one) == before[0] and wait_until(lambda: served(two) == before[1] + 3)
+        assert admin("DELETE", params={"url": two.url}).status_code == 409  # the last one
+        assert admin("DELETE", params={"url": one.url}).status_code == 404  # not a worker any more
+        assert model_row(server, "remote")["slots"] == 1
+        assert "grpc worker added" in server.logs() and "grpc worker removed" in server.logs()
+
+
+def test_only_a_model_on_grpc_workers_has_workers(local):
+    reply = requests.post(local.url + "/admin/models/remote/workers", json={"url": "grpc://h1:1"}, timeout=30)
+    assert reply.status_code == 400 and "llama.cpp engine" in reply.json()["error"]["message"]
+
+
 def test_a_worker_that_is_gone_is_passed_over_with_the_reason_logged(workers, smollm2, tmp_path):
     gone = f"grpc://127.0.0.1:{free_port()}"  # nothing listens there
     with run_server(tmp_path, front_env(smollm2, [gone, workers[0]], policy="round_robin")) as server:

@@ -168,3 +168,36 @@ def test_the_line_is_one_gauge_shown_under_llama_servers_name_too():
     assert second.granted.is_set()
     page = queue.metrics.exposition()
     assert b'kronk_requests_waiting{model="m"} 0.0' in page and b'llamacpp:requests_deferred{model="m"} 0.0' in page
+
+
+def test_slots_added_serve_the_line_and_their_places_admit_waiters_at_once():
+    first = Held([])
+    queue = scheduler([first], places=1)
+    queue.admit(1, never, Drain())
+    waiter = gevent.spawn(queue.admit, 30, never, Drain())
+    in_line(queue, 1)
+    holder = queue.wait_for_slot([1], "")
+    blocked = queue.wait_for_slot([2], "")
+    assert holder.slot is first and not blocked.granted.is_set()
+    added = Held([])
+    queue.add_slots([added], places=1)
+    waiter.get(timeout=10)  # the new place went to the waiter
+    assert blocked.slot is added and queue.slots == (first, added) and queue.held_places == 2
+
+
+def test_a_retired_slot_is_never_handed_out_again_and_a_held_one_retires_when_given_back():
+    free, held = Held([]), Held([])
+    queue = scheduler([free, held], places=4)
+    holder = queue.wait_for_slot([1], "")
+    assert holder.slot is free
+    other = queue.wait_for_slot([2], "")
+    assert other.slot is held
+    queue.give_back(free)
+    queue.retire([free, held], places=2)
+    assert queue.states[free] == "retired" and queue.states[held] == "prefilling"  # held: it retires later
+    waiting = queue.wait_for_slot([3], "")
+    queue.give_back(held)
+    assert queue.states[held] == "retired" and not waiting.granted.is_set()
+    assert queue.slot_count == 0 and queue.idle.is_set() and queue.places == 2
+    queue.add_slots([Held([])], places=2)
+    assert waiting.granted.is_set() and waiting.slot is queue.slots[2]

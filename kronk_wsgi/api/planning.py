@@ -275,9 +275,13 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
 
 def _slot(model: LoadedModel, choice: Optional[SlotChoice]) -> Optional[int]:
     """The slot the request runs on, if it names one; 400 if the model has no such slot."""
-    slots = len(model.scheduler.slots)
+    scheduler = model.scheduler
+    slots = len(scheduler.slots)
     if choice is not None and not 0 <= choice.number < slots:
         raise invalid(f"{choice.param} {choice.number} is not a slot of this model (it has {slots})",
+                      param=choice.param)
+    if choice is not None and scheduler.states.get(scheduler.slots[choice.number]) == "retired":
+        raise invalid(f"{choice.param} {choice.number} was a slot of a gRPC worker that was removed",
                       param=choice.param)
     return None if choice is None else choice.number
 

@@ -40,14 +40,16 @@ class GrpcOptions(EngineOptions):
     @pydantic.field_validator("workers")
     @classmethod
     def _addresses(cls, workers: list[str]) -> list[str]:
-        addresses = []
-        for url in workers:
-            address = url.removeprefix("grpc://")
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit() or "/" in address:
-                raise ValueError(f"{url!r} is not grpc://HOST:PORT")
-            addresses.append(address)
-        return addresses
+        return [worker_address(url) for url in workers]
+
+
+def worker_address(url: str) -> str:
+    """HOST:PORT of a worker's grpc://HOST:PORT (or HOST:PORT); ValueError if it is neither."""
+    address = url.removeprefix("grpc://")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "/" in address:
+        raise ValueError(f"{url!r} is not grpc://HOST:PORT")
+    return address
 
 
 def available() -> bool:

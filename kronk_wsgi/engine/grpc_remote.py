@@ -18,7 +18,6 @@ threads hand their calls to it (``on_hub``) and read the replies from a
 thread-safe queue.
 """
 
-import _thread
 import hashlib
 import time
 import uuid
@@ -40,7 +39,7 @@ from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Slot
 from .generate import DecodeOptions, Generation, ReplyText, SampledToken
 from .gguf_file import BadModelFile, read_gguf
-from .grpc_engine import MAIN_HUB, GrpcOptions
+from .grpc_engine import MAIN_HUB, GrpcOptions, worker_address
 from .hf_tokenizer import HFTokenizer
 from .sampling import SamplingParams
 from .tokenizer import GGUFTokenizer, Tokenizer
@@ -49,6 +48,7 @@ from .worker_prefixes import WorkerPrefixes, prompt_hashes
 log = structlog.get_logger("kronk_wsgi.grpc_engine")
 
 _allocate_lock = monkey.get_original("_thread", "allocate_lock")
+_thread_ident = monkey.get_original("_thread", "get_ident")  # the OS thread's (patched, it is the greenlet's)
 MESSAGE_BYTES = 256 * 1024 * 1024  # a long prompt's ids
 POLL_SECONDS = 0.05  # how often a thread waiting for a worker's next message looks whether it was cancelled
 TOKENIZER_SECONDS = 120.0  # a worker has to send its tokenizer bundle (it may make it first: seconds for a large one)
@@ -62,7 +62,7 @@ _gevent_ready = False
 def on_hub(func: Callable[..., Any], *args: Any) -> Any:
     """``func(*args)`` run as a greenlet of the main hub, waited for in this (other) OS thread; what it raises is
     raised here."""
-    if _thread.get_ident() == MAIN_HUB.thread_ident:
+    if _thread_ident() == MAIN_HUB.thread_ident:
         return func(*args)
     box: SimpleQueue = SimpleQueue()
 
@@ -152,7 +152,8 @@ class Worker:
         self.down_until = 0.0  # tried last until then (monotonic), after a failure
         self.unhealthy: Optional[str] = None  # why its last health check failed; tried last while set
         self.described = False  # its model checked against the file's
-        self.refused: Optional[str] = None  # why it is never used: it serves another model
+        self.refused: Optional[str] = None  # why it is never used: it serves another model, or was removed
+        self.removed = False  # taken out at run time
         self.slots = 1  # requests it runs at once (its max_running_requests)
         self.prefixes = WorkerPrefixes(remembered_tokens)  # what its cache most likely holds
 
@@ -452,6 +453,54 @@ class GrpcEngine(Engine):
             with self._lock:
                 worker.prefixes.clear()
 
+    def add_worker(self, url: str) -> list[GrpcSlot]:
+        """A worker added at run time, asked its model first; its slots. EngineError if it is one already, does
+        not answer, serves another model or holds less context than the model."""
+        address = worker_address(url)
+        if any(w.address == address for w in self._in_use()):
+            raise EngineError(f"{address} is a worker of the model already")
+        worker = on_hub(Worker, address, self.options.backend, self.options.remembered_tokens)
+        try:
+            window = on_hub(self._describe, worker).max_context_length
+            if worker.refused is None and window < self.context_length:
+                worker.refused = f"worker {address} holds {window} tokens of context, the model {self.context_length}"
+        except grpc.RpcError as exc:
+            worker.refused = f"worker {address} does not answer: {exc.code().name} {exc.details() or ''}".strip()
+        if worker.refused is not None:
+            on_hub(worker.channel.close)
+            raise EngineError(worker.refused)
+        with self._lock:
+            self.workers.append(worker)
+            number = len(self.workers) - 1
+        log.info("grpc worker added", model=self.name, worker=address, slots=worker.slots)
+        return [GrpcSlot(self, number) for _ in range(worker.slots)]
+
+    def remove_worker(self, url: str, slots: Sequence[Slot]) -> list[Slot]:
+        """Take a worker out at run time: no request goes to it from now on (those it runs end there); which of
+        ``slots`` were its. EngineError if it is not a worker of the model."""
+        address = worker_address(url)
+        worker = next((w for w in self._in_use() if w.address == address), None)
+        if worker is None:
+            raise EngineError(f"{address} is not a worker of the model")
+        number = self.workers.index(worker)
+        with self._lock:
+            worker.refused, worker.removed = f"worker {address} was removed", True
+            worker.prefixes.clear()
+            idle = worker.running == 0
+        if idle:
+            on_hub(worker.channel.close)
+        log.info("grpc worker removed", model=self.name, worker=address)
+        return [slot for slot in slots if isinstance(slot, GrpcSlot) and slot.worker == number]
+
+    def worker_rows(self) -> list[dict]:
+        """Each worker in use: its URL, slots, this server's requests at it, its health (why not: ``reason``)."""
+        return [{"url": f"grpc://{w.address}", "slots": w.slots, "running": w.running,
+                 "healthy": w.unhealthy is None and w.refused is None, "reason": w.refused or w.unhealthy}
+                for w in self._in_use()]
+
+    def _in_use(self) -> list[Worker]:
+        return [w for w in self.workers if not w.removed]
+
     def new_slots(self, count: int, threads: int) -> list[Slot]:
         """As many slots as the workers run requests at once (``count`` is the local engines' setting)."""
         return [GrpcSlot(self, index) for index, worker in enumerate(self.workers) for _ in range(worker.slots)]
@@ -544,6 +593,9 @@ class GrpcEngine(Engine):
     def done(self, worker: Worker) -> None:
         with self._lock:
             worker.running -= 1
+            gone = worker.running == 0 and worker not in self._in_use()
+        if gone:
+            on_hub(worker.channel.close)  # its last call, after it was removed
 
     def close(self) -> None:
         watch = getattr(self, "_watch", None)

@@ -128,7 +128,8 @@ class LoadedModel:
         self.draft_engine = parts.draft_engine
         self.template = parts.template
         self.memory = memory  # bytes, estimated: the file and the slots' KV caches
-        self.places = places = settings.parallel * settings.queue_depth
+        self.queue_depth = settings.queue_depth
+        places = len(parts.slots) * settings.queue_depth
         self.users = 0  # requests that hold the model: claimed, or holding an admission lease
         self._unused = unused  # called when the last of them lets go
         self.last_used = time.monotonic()
@@ -158,6 +159,20 @@ class LoadedModel:
         self.shared_cache = settings.workers > 1
         self.disk_write_grace = 0.0 if self.shared_cache else NEXT_TURN_GRACE  # seconds left to a next turn
         self._write_due: Optional[gevent.Greenlet] = None  # a disk write waiting for its time
+
+    def add_worker(self, url: str) -> list[Slot]:
+        """A gRPC worker added to the model at run time: its slots and their places join the model's (EngineError
+        if the engine refuses it)."""
+        slots = self.engine.add_worker(url)
+        self.slot_threads.maxsize += len(slots)
+        self.scheduler.add_slots(slots, len(slots) * self.queue_depth)
+        return slots
+
+    def remove_worker(self, url: str) -> list[Slot]:
+        """A gRPC worker taken out at run time: its slots retire (a busy one once its request ends)."""
+        slots = self.engine.remove_worker(url, self.scheduler.slots)
+        self.scheduler.retire(slots, len(slots) * self.queue_depth)
+        return slots
 
     def file_changed(self) -> bool:
         """Whether the model's file was replaced or rewritten since the load: its memory map may read garbage or
@@ -358,7 +373,7 @@ class ModelPool:
         pending.set(model)
         log.info(
             "model loaded", model=model_id, seconds=round(time.monotonic() - started, 3),
-            context_length=model.engine.context_length, slots=self.settings.parallel,
+            context_length=model.engine.context_length, slots=model.scheduler.slot_count,
             threads=self.settings.threads_per_call(model.engine.kind.batched), memory_mb=round(memory / 1e6),
         )
         if self.settings.idle_unload_seconds is not None:

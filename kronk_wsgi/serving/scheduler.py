@@ -30,12 +30,14 @@ CLIENT_POLL_SECONDS = 0.5
 
 # A slot's states, each with the states it may move to. Handed out, a slot is prefilling; its first token makes
 # it generating; its answer out, it is finishing (its thread saves the prompt's state for the cache, if any, and
-# ends); given back, idle. Every move is made here (``_move``).
+# ends); given back, idle. A slot taken away (its gRPC worker removed) is retired once it is given back, and never
+# handed out again. Every move is made here (``_move``).
 SLOT_STATES = {
-    "idle": ("prefilling",),
-    "prefilling": ("generating", "finishing", "idle"),
-    "generating": ("finishing", "idle"),
-    "finishing": ("idle",),
+    "idle": ("prefilling", "retired"),
+    "prefilling": ("generating", "finishing", "idle", "retired"),
+    "generating": ("finishing", "idle", "retired"),
+    "finishing": ("idle", "retired"),
+    "retired": (),
 }
 
 
@@ -80,10 +82,11 @@ class Scheduler:
         self.places = places
         self.max_waiting = max_waiting
         self.held_places = 0
-        self.slot_count = len(slots)
-        self.slots = tuple(slots)  # numbered as given
+        self.slot_count = len(slots)  # not retired
+        self.slots = tuple(slots)  # numbered as given, then as added
         self.states: dict[Slot, str] = {slot: "idle" for slot in slots}
         self._free = list(slots)  # the slot given back longest ago first
+        self._retiring: set[Slot] = set()  # held slots that retire when they are given back
         self.idle = gevent.event.Event()  # set while no slot is held
         self.idle.set()
         self._place_line: collections.deque[_Ticket] = collections.deque()
@@ -135,8 +138,8 @@ class Scheduler:
             raise
 
     def release_place(self) -> None:
-        """Give a place back: to the oldest waiter, if any."""
-        if self._place_line:
+        """Give a place back: to the oldest waiter, if any (unless places were taken away meanwhile)."""
+        if self._place_line and self.held_places <= self.places:
             self._place_line.popleft().granted.set()
             self._report()
         else:
@@ -170,10 +173,43 @@ class Scheduler:
         """The held slot's answer is out: set before the client can send its next turn, which waits for it."""
         self._move(slot, "finishing")
 
+    def add_slots(self, slots: Sequence[Slot], places: int) -> None:
+        """Slots added to the model (a gRPC worker added), with ``places`` more admission places: free at once,
+        numbered after the others."""
+        self.places += places
+        while self._place_line and self.held_places < self.places:
+            self.held_places += 1
+            self._place_line.popleft().granted.set()
+        self.slots += tuple(slots)
+        self.slot_count += len(slots)
+        for slot in slots:
+            self.states[slot] = "idle"
+        self._free += slots
+        self._serve()
+        self._report()
+
+    def retire(self, slots: Sequence[Slot], places: int) -> None:
+        """Slots taken away (their gRPC worker removed), with ``places`` admission places: a free slot at once, a
+        held one when it is given back; a held place when it is given back."""
+        self.places -= places
+        for slot in slots:
+            self.slot_count -= 1
+            if slot in self._free:
+                self._free.remove(slot)
+                self._move(slot, "retired")
+            else:
+                self._retiring.add(slot)
+        if len(self._free) == self.slot_count:
+            self.idle.set()
+
     def give_back(self, slot: Slot) -> None:
         """The slot is idle again: the line is served."""
-        self._move(slot, "idle")
-        self._free.append(slot)
+        if slot in self._retiring:
+            self._retiring.discard(slot)
+            self._move(slot, "retired")
+        else:
+            self._move(slot, "idle")
+            self._free.append(slot)
         self._serve()
         if len(self._free) == self.slot_count:
             self.idle.set()
@@ -194,7 +230,7 @@ class Scheduler:
 
     def _report(self) -> None:
         states = list(self.states.values())
-        for state in SLOT_STATES:
+        for state in SLOT_STATES.keys() - {"retired"}:
             self.metrics.slots.labels(self.model_id, state).set(states.count(state))
         self.metrics.waiting.labels(self.model_id).set(len(self._place_line) + len(self._slot_line))
 
@@ -208,7 +244,8 @@ class Scheduler:
                     continue  # the slot it names is busy: those behind it may take the others
                 best = ticket.wanted
             else:
-                finishing = [slot for slot, state in self.states.items() if state == "finishing"]
+                finishing = [slot for slot, state in self.states.items()
+                             if state == "finishing" and slot not in self._retiring]
                 # Of equals, the first: the free one unused longest.
                 best = max(self._free + finishing, key=lambda slot: slot.fit(ticket.prefix, ticket.scope))
                 if best in finishing:

@@ -1,4 +1,5 @@
-"""The admin API: loaded models with their slots, queue and memory; unloading; pulling from the hub as SSE.
+"""The admin API: loaded models with their slots, queue and memory; unloading; a remote model's gRPC workers, added
+and removed; pulling from the hub as SSE.
 
 Behind admin keys (``admin_keys``), never the inference keys: with inference
 keys and no admin keys it is closed; with no keys at all it is open, like
@@ -12,7 +13,10 @@ import pydantic
 from flask import Blueprint, jsonify, request
 
 from ... import hub
+from ...engine.base import EngineError
+from ...engine.grpc_engine import worker_address
 from ...serving.formats import tool_rendering
+from ...serving.pool import LoadedModel
 from .. import pulling
 from ..body import parse_body
 from ..client import client_watch
@@ -40,12 +44,14 @@ def _model_row(model_id: str) -> dict:
         states = list(scheduler.states.values())
         row.update({
             "loaded": True, "context_length": loaded.engine.context_length, "memory_mb": round(loaded.memory / 1e6),
-            "slots": kronk.settings.parallel, "busy_slots": len(states) - states.count("idle"),
+            "slots": scheduler.slot_count, "busy_slots": scheduler.slot_count - states.count("idle"),
             "slot_states": states, "queued": scheduler.waiting_for_slot, "waiting": scheduler.waiting,
-            "places": loaded.places,
+            "places": loaded.scheduler.places,
             "idle_seconds": None if loaded.in_use else round(time.monotonic() - loaded.last_used, 1),
             "tools": tool_rendering(loaded.template), "prompt_cache": _cache_row(loaded.prompt_cache),
         })
+        if loaded.engine.kind.name == "grpc":
+            row["workers"] = loaded.engine.worker_rows()
     return row
 
 
@@ -81,6 +87,71 @@ def unload(model_id: str):
         raise ApiError(409, f"model {model_id!r} is in use: it is unloaded once its requests are done",
                        code="model_in_use")
     return jsonify({"id": model_id, "unloaded": True})
+
+
+class WorkerRequest(Strict):
+    url: str  # grpc://HOST:PORT
+
+
+def _remote_model(model_id: str) -> LoadedModel:
+    """The loaded model ``model_id``, served by gRPC workers: 404, 409 (not loaded) or 400 (a local engine's) if
+    not."""
+    kronk = state()
+    if model_id not in kronk.models:
+        raise ApiError(404, f"the model {model_id[:100]!r} does not exist", code="model_not_found", param="model")
+    loaded = kronk.pool.loaded_model(model_id)
+    if loaded is None:
+        raise ApiError(409, f"model {model_id!r} is not loaded", code="not_loaded")
+    if loaded.engine.kind.name != "grpc":
+        raise ApiError(400, f"model {model_id!r} runs on the {loaded.engine.kind.name} engine, not on gRPC workers",
+                       code="not_remote", param="model")
+    return loaded
+
+
+def _address(url: str) -> str:
+    """A worker's HOST:PORT; 400 if ``url`` is not grpc://HOST:PORT."""
+    try:
+        return worker_address(url)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)[:300], param="url") from None
+
+
+@bp.get("/admin/models/<path:model_id>/workers")
+def workers(model_id: str):
+    """The gRPC workers of a loaded model: their slots, this worker's requests at them, their health."""
+    return jsonify({"object": "list", "data": _remote_model(model_id).engine.worker_rows()})
+
+
+@bp.post("/admin/models/<path:model_id>/workers")
+def add_worker(model_id: str):
+    """Add a gRPC worker to a loaded model: asked its model first; its slots serve the line at once."""
+    loaded = _remote_model(model_id)
+    url = parse_body(WorkerRequest).url
+    _address(url)
+    try:
+        slots = loaded.add_worker(url)
+    except EngineError as exc:
+        status = 409 if "already" in str(exc) else 502
+        raise ApiError(status, str(exc), code="worker_refused", param="url") from None
+    return jsonify({"id": model_id, "url": url, "added": True, "slots": len(slots)})
+
+
+@bp.delete("/admin/models/<path:model_id>/workers")
+def remove_worker(model_id: str):
+    """Take the gRPC worker ``?url=`` out of a loaded model (its running requests end there); the model keeps one
+    at least."""
+    loaded = _remote_model(model_id)
+    url = request.args.get("url")
+    if not url:
+        raise ApiError(400, "url: the worker to remove, as ?url=grpc://HOST:PORT", param="url")
+    urls = [row["url"] for row in loaded.engine.worker_rows()]
+    if f"grpc://{_address(url)}" not in urls:
+        raise ApiError(404, f"{url[:200]} is not a worker of the model", code="worker_not_found", param="url")
+    if len(urls) == 1:
+        raise ApiError(409, f"model {model_id!r} keeps one worker at least: add another first", code="last_worker",
+                       param="url")
+    slots = loaded.remove_worker(url)
+    return jsonify({"id": model_id, "url": url, "removed": True, "slots": len(slots)})
 
 
 class PullRequest(Strict):

@@ -352,7 +352,7 @@ class GrpcEngine(Engine):
         if path is None:
             self.tokenizer, self.chat_template, own_window = self._workers_tokenizer()
         # A GGUF file's vocabulary is the model's, and so is a tokenizer's whose config.json says the model's size.
-        self._whole_vocabulary = getattr(self.tokenizer, "model_vocab_size", True) is not None
+        self._whole_vocabulary = not (isinstance(self.tokenizer, HFTokenizer) and self.tokenizer.model_vocab_size is None)
         windows = [int(window) for window in (context_length or own_window,) if window]
         for worker in self.workers:
             try:

@@ -127,12 +127,12 @@ def add_worker(model_id: str):
     """Add a gRPC worker to a loaded model: asked its model first; its slots serve the line at once."""
     loaded = _remote_model(model_id)
     url = parse_body(WorkerRequest).url
-    _address(url)
+    if f"grpc://{_address(url)}" in [row["url"] for row in loaded.engine.worker_rows()]:
+        raise ApiError(409, f"{url[:200]} is a worker of the model already", code="worker_exists", param="url")
     try:
         slots = loaded.add_worker(url)
     except EngineError as exc:
-        status = 409 if "already" in str(exc) else 502
-        raise ApiError(status, str(exc), code="worker_refused", param="url") from None
+        raise ApiError(502, str(exc), code="worker_refused", param="url") from None
     return jsonify({"id": model_id, "url": url, "added": True, "slots": len(slots)})
 
 

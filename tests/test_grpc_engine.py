@@ -359,7 +359,8 @@ def test_a_worker_killed_mid_stream_ends_it_with_an_in_band_error(tiny_model, tm
 
 def test_workers_are_health_checked_between_requests(tiny_model, tmp_path):
     """A worker that was not there when the model loaded is taken in once it answers its health check (its model
-    asked then), and serves; one that goes is taken out by its health check, before any request finds it gone."""
+    asked then, its slots past the one it was counted as added), and serves; one that goes is taken out by its
+    health check, before any request finds it gone."""
     port = free_port()
     late = f"127.0.0.1:{port}"
 
@@ -370,8 +371,10 @@ def test_workers_are_health_checked_between_requests(tiny_model, tmp_path):
             run_server(tmp_path, front_env(tiny_model, [first, late], policy="round_robin",
                                            health_interval=0.2)) as server:
         assert logged("grpc worker unreachable")
-        with run_grpc_worker(tmp_path / "b", faulty_env(tiny_model), port=port) as second:
+        assert model_row(server, "remote")["slots"] == 2  # the worker away counts as one
+        with run_grpc_worker(tmp_path / "b", faulty_env(tiny_model, KRONK_PARALLEL=2), port=port) as second:
             wait_until(lambda: logged("grpc worker back"))
+            wait_until(lambda: model_row(server, "remote")["slots"] == 3)  # it runs two at once
             for _ in range(4):
                 reply = server.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION, "max_tokens": 2})
                 assert reply.status_code == 200, reply.text

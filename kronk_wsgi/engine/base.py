@@ -307,6 +307,11 @@ class Engine(abc.ABC):
     def new_slots(self, count: int, threads: int) -> list[Slot]:
         """``count`` inference instances; each decode call runs on ``threads`` compute threads."""
 
+    def watch_slots(self, added: Callable[[list[Slot]], None]) -> None:
+        """Be told (on the event loop) of the slots the engine makes after ``new_slots``: a remote model's worker that
+        was away at the load and runs more requests at once than the one slot it was counted as. Local engines
+        make none."""
+
     def close(self) -> None:
         """Free what the engine holds outside Python (its model, contexts and threads); its slots are unusable after."""
 

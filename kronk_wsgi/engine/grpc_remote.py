@@ -155,6 +155,7 @@ class Worker:
         self.refused: Optional[str] = None  # why it is never used: it serves another model, or was removed
         self.removed = False  # taken out at run time
         self.slots = 1  # requests it runs at once (its max_running_requests)
+        self.placed = 0  # slots the model has for it
         self.prefixes = WorkerPrefixes(remembered_tokens)  # what its cache most likely holds
 
 
@@ -349,6 +350,7 @@ class GrpcEngine(Engine):
         self.workers = on_hub(lambda: [Worker(address, options.backend, options.remembered_tokens)
                                        for address in options.workers])
         self._hashed: tuple = ((), "", [])  # the last prompt ``held`` was asked about, its scope, its block hashes
+        self._slots_added: Callable[[list[Slot]], None] = lambda slots: None
         if path is None:
             self.tokenizer, self.chat_template, own_window = self._workers_tokenizer()
         # A GGUF file's vocabulary is the model's, and so is a tokenizer's whose config.json says the model's size.
@@ -439,6 +441,8 @@ class GrpcEngine(Engine):
                     worker.refused = (f"worker {worker.address} holds {window} tokens of context, the model "
                                       f"{self.context_length}")
                 reason = worker.refused
+                if reason is None and worker.slots > worker.placed:
+                    self._slots_added(self._place(worker))
         except grpc.RpcError as exc:
             reason = exc.code().name
         if reason is None and worker.unhealthy is not None:
@@ -471,9 +475,8 @@ class GrpcEngine(Engine):
             raise EngineError(worker.refused)
         with self._lock:
             self.workers.append(worker)
-            number = len(self.workers) - 1
         log.info("grpc worker added", model=self.name, worker=address, slots=worker.slots)
-        return [GrpcSlot(self, number) for _ in range(worker.slots)]
+        return self._place(worker)
 
     def remove_worker(self, url: str, slots: Sequence[Slot]) -> list[Slot]:
         """Take a worker out at run time: no request goes to it from now on (those it runs end there); which of
@@ -502,8 +505,19 @@ class GrpcEngine(Engine):
         return [w for w in self.workers if not w.removed]
 
     def new_slots(self, count: int, threads: int) -> list[Slot]:
-        """As many slots as the workers run requests at once (``count`` is the local engines' setting)."""
-        return [GrpcSlot(self, index) for index, worker in enumerate(self.workers) for _ in range(worker.slots)]
+        """As many slots as the workers run requests at once (``count`` is the local engines' setting; a worker
+        away counts as one until it is back)."""
+        return [slot for worker in self.workers for slot in self._place(worker)]
+
+    def watch_slots(self, added: Callable[[list[Slot]], None]) -> None:
+        self._slots_added = added
+
+    def _place(self, worker: Worker) -> list[GrpcSlot]:
+        """The slots the model lacks for ``worker``, now counted as placed."""
+        number = self.workers.index(worker)
+        slots = [GrpcSlot(self, number) for _ in range(worker.placed, worker.slots)]
+        worker.placed = max(worker.placed, worker.slots)
+        return slots
 
     def refusal(self, options: DecodeOptions) -> Optional[tuple[str, str]]:
         if options.sampling.seed is not None and self.options.backend == "sglang":

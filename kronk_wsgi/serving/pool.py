@@ -152,6 +152,7 @@ class LoadedModel:
         self.prep = ThreadPool(1)
         self._disk_writer = ThreadPool(1)  # prompt-cache disk writes, after the slot that saved is given back
         self.scheduler = Scheduler(model_id, slots, places, settings.max_waiting, metrics)
+        engine.watch_slots(self._add_slots)
         # Whether other workers read the prompt cache's disk tier. Then an answer's state is saved as it ends, so
         # that its next turn finds it from any worker. Otherwise it stays in its slot until a prompt overwrites it
         # (Slot.reuse saves it first), the model goes or the worker stops: a next turn sent at once, which takes
@@ -164,9 +165,13 @@ class LoadedModel:
         """A gRPC worker added to the model at run time: its slots and their places join the model's (EngineError
         if the engine refuses it)."""
         slots = self.engine.add_worker(url)
+        self._add_slots(slots)
+        return slots
+
+    def _add_slots(self, slots: list[Slot]) -> None:
+        """Slots the engine made after the load join the model's, with their threads and admission places."""
         self.slot_threads.maxsize += len(slots)
         self.scheduler.add_slots(slots, len(slots) * self.queue_depth)
-        return slots
 
     def remove_worker(self, url: str) -> list[Slot]:
         """A gRPC worker taken out at run time: its slots retire (a busy one once its request ends)."""

@@ -106,9 +106,10 @@ def _pipelines(spec: dict) -> tuple[tokenizers.Tokenizer, tokenizers.Tokenizer, 
     it), one for text that continues earlier text (no space put before it), and whether a space is put before."""
     plain = {**spec, "added_tokens": [t for t in spec.get("added_tokens") or [] if not t.get("special")],
              "post_processor": None}
-    continued = json.loads(json.dumps(plain))
+    plain_text = json.dumps(plain)
+    continued = json.loads(plain_text)  # a copy to change
     prefixed = _drop_prefix(continued)
-    return (tokenizers.Tokenizer.from_str(json.dumps(plain)), tokenizers.Tokenizer.from_str(json.dumps(continued)),
+    return (tokenizers.Tokenizer.from_str(plain_text), tokenizers.Tokenizer.from_str(json.dumps(continued)),
             prefixed)
 
 

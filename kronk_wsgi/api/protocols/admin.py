@@ -78,10 +78,7 @@ def models():
 def unload(model_id: str):
     """Unload a model that no request is using."""
     kronk = state()
-    if model_id not in kronk.models:
-        raise ApiError(404, f"the model {model_id[:100]!r} does not exist", code="model_not_found", param="model")
-    if kronk.pool.loaded_model(model_id) is None:
-        raise ApiError(409, f"model {model_id!r} is not loaded", code="not_loaded")
+    _loaded(model_id)
     if not kronk.pool.unload(model_id, "admin"):
         kronk.pool.set_keep_alive(model_id, 0)  # as the answer says
         raise ApiError(409, f"model {model_id!r} is in use: it is unloaded once its requests are done",
@@ -93,15 +90,20 @@ class WorkerRequest(Strict):
     url: str  # grpc://HOST:PORT
 
 
-def _remote_model(model_id: str) -> LoadedModel:
-    """The loaded model ``model_id``, served by gRPC workers: 404, 409 (not loaded) or 400 (a local engine's) if
-    not."""
+def _loaded(model_id: str) -> LoadedModel:
+    """The loaded model ``model_id``: 404 if there is no such model, 409 if it is not loaded."""
     kronk = state()
     if model_id not in kronk.models:
         raise ApiError(404, f"the model {model_id[:100]!r} does not exist", code="model_not_found", param="model")
     loaded = kronk.pool.loaded_model(model_id)
     if loaded is None:
         raise ApiError(409, f"model {model_id!r} is not loaded", code="not_loaded")
+    return loaded
+
+
+def _remote_model(model_id: str) -> LoadedModel:
+    """The loaded model ``model_id``, served by gRPC workers: as ``_loaded``, and 400 for a local engine's."""
+    loaded = _loaded(model_id)
     if loaded.engine.kind.name != "grpc":
         raise ApiError(400, f"model {model_id!r} runs on the {loaded.engine.kind.name} engine, not on gRPC workers",
                        code="not_remote", param="model")

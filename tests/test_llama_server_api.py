@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from kronk_wsgi.engine.gguf_file import Field, read_gguf, write_gguf_copy
-from kronk_wsgi.testing import run_llama_server, run_server
+from kronk_wsgi.testing import run_llama_server, run_server, wait_until
 
 BINARY = os.environ.get("KRONK_TEST_LLAMA_SERVER")
 CONTEXT = 2048
@@ -301,6 +301,9 @@ def test_any_model_name_is_served_by_the_default_model_when_asked(smollm2, tmp_p
     with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models), "KRONK_UNKNOWN_MODEL": "default"}) as server:
         reply = server.post("/v1/chat/completions", chat)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
-        assert server.completed()[-1]["model"] == "smollm2"  # logged by the model that served it
+        def chat_logged():
+            return [e for e in server.completed() if e["route"] == "/v1/chat/completions"]
+
+        assert wait_until(chat_logged)[-1]["model"] == "smollm2"  # logged (after the reply) by the model that served it
     with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models)}) as server:
         assert server.post("/v1/chat/completions", chat).status_code == 404

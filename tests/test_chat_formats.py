@@ -18,7 +18,7 @@ import pytest
 from kronk_wsgi.api.planning import call_format, reply_reading
 from kronk_wsgi.engine.chat_template import ChatTemplate
 from kronk_wsgi.engine.gguf_file import read_gguf
-from kronk_wsgi.engine.grammar import Grammar
+from kronk_wsgi.engine.grammar import Grammar, lark_after, lark_json
 from kronk_wsgi.engine.tokenizer import GGUFTokenizer
 from kronk_wsgi.serving.events import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCall, ToolCallStart
 from kronk_wsgi.serving.formats import FORMATS, Call, ToolCallRules, reply_end
@@ -142,6 +142,36 @@ def test_a_forced_call_is_held_to_what_the_format_reads_back(form, smollm2_token
     assert not walk(smollm2_tokenizer, forced, text[len(opening):].replace("3", '"3"'))  # against the schema
     held = form.grammar([WEATHER_TOOL], frozenset({"get_weather"}), {}, forced=False)  # after opens[0]
     assert walk(smollm2_tokenizer, held, text.partition(form.opens[0])[2] if form.opens[0] in text else text)
+
+
+@pytest.mark.parametrize("form", [f for f in FORMATS if f.opens[0] in f.written([Call("f", {})], {})],
+                         ids=lambda f: f.name)
+def test_a_grammar_held_after_a_tag_holds_a_whole_reply_as_it_is_held_here(form, smollm2_tokenizer):
+    """What a worker elsewhere is sent for a call the model may open (lark_after): free text until the format's
+    opening, then the calls' grammar, as a reply with ``constrain_after`` is held here."""
+    text = form.written([Call("get_weather", {"city": "Paris", "days": 3})], {"get_weather": WEATHER})
+    held = form.grammar([WEATHER_TOOL], frozenset({"get_weather"}), {}, forced=False)
+    whole = lark_after(form.opens[0], held, {})
+    assert walk(smollm2_tokenizer, whole, "Let me look that up.\n" + text)
+    assert walk(smollm2_tokenizer, whole, "It is sunny in Paris, 3 days long.")  # no call: free to the end
+    assert not walk(smollm2_tokenizer, whole, "Let me look.\n" + text.replace("3", '"3"'))  # a call held to it
+    assert not walk(smollm2_tokenizer, whole, "One: " + text + " and " + text)  # text between calls: not theirs
+
+
+def test_a_schema_held_after_a_control_token_starts_at_the_token_or_its_text(smollm2_tokenizer):
+    """A thinking model's answer held to a schema once the thinking closes: the tag written as its control token
+    (here ChatML's) or as text starts the schema."""
+    tag = "<|im_start|>"
+    control = {tag: smollm2_tokenizer.control[tag]}
+    whole = lark_after(tag, "start: " + lark_json(WEATHER), control)
+    tokens = smollm2_tokenizer.encode("thinking ") + [control[tag]] + smollm2_tokenizer.encode('{"city": "Rome", "days": 2}')
+    constraint = Grammar(smollm2_tokenizer, frozenset({smollm2_tokenizer.eos_id}), whole).constraint()
+    for token in tokens:
+        assert constraint.allowed()[token]
+        constraint.take(token)
+    assert constraint.complete or constraint.allowed()[smollm2_tokenizer.eos_id]
+    assert walk(smollm2_tokenizer, whole, 'thinking <|im_start|>{"city": "Rome", "days": 2}')
+    assert not walk(smollm2_tokenizer, whole, "thinking <|im_start|>Rome")
 
 
 def test_gpt_oss_replies_end_at_return_or_call_not_at_the_end_of_a_message(tmp_path):

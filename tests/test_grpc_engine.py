@@ -183,14 +183,42 @@ def test_stop_texts_json_schemas_and_token_limits(front):
     assert set(json.loads(shaped.choices[0].message.content)) == {"city"}
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "strict": True, "parameters": {  # not what it would write
+    "type": "object", "properties": {"zone_code": {"type": "integer", "enum": [17, 42]}}, "required": ["zone_code"],
+    "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("tools, choice", [
+    ([WEATHER, TIME], "required"),
+    ([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}}),
+    ([WEATHER, TIME], "auto"),  # held once the model opens a call: this one answers in text, let through as here
+], ids=["required", "named", "strict"])
+def test_tool_calls_are_held_by_the_workers_as_by_the_local_engine(front, local, tools, choice):
+    """The calls' grammar goes to the worker as its constraint (Lark, held from the opening of a call where the
+    model may answer instead): the greedy reply is the local engine's."""
+    asked = dict(model="remote", messages=[{"role": "user", "content": "What is the weather in Paris this week?"}],
+                 tools=tools, tool_choice=choice, max_tokens=60, temperature=0)
+    remote = client(front).chat.completions.create(**asked).choices[0]
+    mine = client(local).chat.completions.create(**asked).choices[0]
+    assert remote.finish_reason == mine.finish_reason
+    assert remote.message.content == mine.message.content
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in remote.message.tool_calls or ()]
+    assert calls == [(c.function.name, json.loads(c.function.arguments)) for c in mine.message.tool_calls or ()]
+    assert calls or choice == "auto"
+    if choice != "auto":
+        assert calls[0][0] != "get_time" or calls[0][1]["zone_code"] in (17, 42)
+
+
 def test_what_the_workers_cannot_honour_is_a_400_naming_it(front):
     seeded = front.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION, "seed": 3})
     assert seeded.status_code == 400 and seeded.json()["error"]["param"] == "seed"
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    forced = front.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION, "tools": [tool],
-                                                 "tool_choice": "required"})
-    assert forced.status_code == 400 and forced.json()["error"]["param"] == "tools", forced.text
-    assert "constrain" in forced.json()["error"]["message"]
+    custom = {"type": "custom", "name": "sql", "format": {"type": "grammar", "syntax": "lark",
+                                                         "definition": 'start: "SELECT 1"'}}
+    raw = front.post("/v1/responses", {"model": "remote", "input": "Hi", "tools": [custom], "tool_choice": "required"})
+    assert raw.status_code == 400 and raw.json()["error"]["param"] == "tools", raw.text
     windowed = front.post("/completion", {"prompt": "Hello", "n_predict": 3, "repeat_last_n": 10})
     assert windowed.status_code == 400 and "repeat_last_n" in windowed.text, windowed.text
 

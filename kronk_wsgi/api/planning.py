@@ -17,7 +17,8 @@ import jsonschema.protocols
 from ..engine.base import shared_prefix
 from ..engine.chat_template import ChatTemplate, ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
-from ..engine.grammar import Grammar, GrammarError, bounded_integers, gbnf_grammar, json_schema_grammar
+from ..engine.grammar import (Grammar, GrammarError, bounded_integers, ebnf_grammar, json_schema_grammar, lark_after,
+                              lark_json)
 from ..engine.sampling import SamplingParams, sampling_problem
 from ..engine.speculation import Speculation
 from ..serving import offload
@@ -257,7 +258,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         end_texts=() if ending.ignore_eos else model.end_texts,
         max_tokens=limit,
         sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),
-        grammar=_grammar(model, grammar_text, request), constrain_after=grammar_after,
+        grammar=_grammar(model, grammar_text, grammar_after, request), constrain_after=grammar_after,
         thinking_close=reading.reasoning.close if reading.inside_thinking else "",
         thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs, token_ids=request.token_ids,
         speculation=_speculation(model, request),
@@ -493,25 +494,36 @@ def _format_grammar(reply_format: ReplyFormat) -> str:
     if reply_format.gbnf is None:
         return json_schema_grammar(reply_format.schema, lenient=not reply_format.strict)
     try:
-        return gbnf_grammar(reply_format.gbnf)
+        return ebnf_grammar(reply_format.gbnf)
     except GrammarError as exc:
         raise invalid(f"the grammar cannot be used: {exc}", param=reply_format.param) from None
 
 
-def _origin(reply_format: ReplyFormat) -> tuple[str, str]:
-    """A reply format as an engine elsewhere takes it: its JSON Schema (integers bounded as here) or its GBNF."""
-    if reply_format.gbnf is not None:
-        return "ebnf_grammar", reply_format.gbnf
-    return "json_schema", json.dumps(bounded_integers(reply_format.schema), ensure_ascii=False)
+def _origin(model: LoadedModel, request: GenerationRequest, text: str, after: str) -> Optional[tuple[str, str]]:
+    """The reply's constraint as an engine elsewhere takes it (``Grammar.origin``): a JSON Schema (integers
+    bounded as here) or GBNF as given, or the Lark grammar made here, wrapped to hold from ``after`` on if given;
+    None for a GBNF grammar held after a thinking, or tools taking raw input (several grammars)."""
+    reply_format = request.reply_format
+    if reply_format is None:
+        if request.tools.raw_inputs:
+            return None
+        lark = text  # the calls' grammar
+    elif reply_format.gbnf is not None:
+        return None if after else ("ebnf_grammar", reply_format.gbnf)
+    elif not after:
+        return "json_schema", json.dumps(bounded_integers(reply_format.schema), ensure_ascii=False)
+    else:
+        lark = "start: " + lark_json(reply_format.schema, lenient=not reply_format.strict)
+    return "lark", lark_after(after, lark, model.engine.tokenizer.control) if after else lark
 
 
-def _grammar(model: LoadedModel, text: Optional[str], request: GenerationRequest) -> Optional[Grammar]:
+def _grammar(model: LoadedModel, text: Optional[str], after: str, request: GenerationRequest) -> Optional[Grammar]:
     """The grammar built for the model's vocabulary (in its preparation thread); 400 if it cannot be."""
     if text is None:
         return None
     try:
         return offload.call(model.prep, Grammar, model.engine.tokenizer, model.end_ids, text,
-                            _origin(request.reply_format) if request.reply_format is not None else None)
+                            _origin(model, request, text, after))
     except GrammarError as exc:
         param = request.reply_format.param if request.reply_format is not None else "tools"
         raise invalid(f"the schema cannot be enforced: {exc}", param=param) from None

@@ -9,9 +9,10 @@ compiled once per request, before the commit, so a schema it cannot take is a
 
 import functools
 import json
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import llguidance
+from llguidance.gbnf_to_lark import is_lark_syntax
 import numpy as np
 
 from .tokenizer import Tokenizer
@@ -89,19 +90,46 @@ def lark_json(schema: dict[str, Any], lenient: bool = False) -> str:
     return "%json " + json.dumps({**bounded_integers(schema), "x-guidance": options}, ensure_ascii=False)
 
 
-def gbnf_grammar(gbnf: str) -> str:
-    """A grammar from llama.cpp's GBNF text (as llama-server's ``grammar`` field takes it); GrammarError if it
-    does not convert, or is longer than MAX_GBNF_BYTES."""
-    if len(gbnf.encode("utf-8", "surrogatepass")) > MAX_GBNF_BYTES:
+def ebnf_grammar(text: str) -> str:
+    """A grammar from EBNF text, as llguidance tells the two apart: Lark (from ``%llguidance`` or a ``start:``
+    rule), or llama.cpp's GBNF (as llama-server's ``grammar`` field takes it); GrammarError if it does not
+    convert, or is GBNF longer than MAX_GBNF_BYTES (Lark is compiled without a conversion)."""
+    if is_lark_syntax(text):
+        return lark_grammar(text)
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_GBNF_BYTES:
         raise GrammarError(f"it is longer than {MAX_GBNF_BYTES} bytes")
     try:
-        return llguidance.grammar_from("gbnf", gbnf)
+        return llguidance.grammar_from("gbnf", text)
     except ValueError as exc:
         raise GrammarError(str(exc)) from None
 
 
 def lark_grammar(lark: str) -> str:
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    try:
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    except ValueError as exc:
+        raise GrammarError(str(exc)) from None
+
+
+def lark_after(tag: str, lark: str, control: Mapping[str, int]) -> str:
+    """A Lark grammar of a whole reply held as a reply decoded with ``constrain_after`` is held here: free text
+    until it writes ``tag`` (as text, or as the control token it is), then ``lark``, a grammar of one rule,
+    ``start`` (as the calls' grammars and a JSON Schema's made here are)."""
+    if not lark.startswith("start:") or "\n" in lark.rstrip("\n"):
+        raise ValueError("the grammar held after a tag is one rule, start")
+    written = f"/(?s:.*){regex_literal(tag)}/"
+    tagged = "kronk_written" + (f" | KRONK_FREE <[{control[tag]}]>" if tag in control else "")
+    return ("%llguidance {}\n"
+            "start: KRONK_FREE | kronk_tag kronk_held\n"
+            f"kronk_tag: {tagged}\n"
+            f"kronk_written[lazy]: {written}\n"  # ends where the tag is first written
+            f"KRONK_FREE: /(?s:.*)/ & ~/(?s:.*){regex_literal(tag)}(?s:.*)/\n"  # text that never writes it
+            "kronk_held:" + lark.removeprefix("start:"))
+
+
+def regex_literal(text: str) -> str:
+    """``text`` matched as it is, inside a Lark regex."""
+    return "".join("\\" + c if c in r"\.^$|?*+()[]{}/-" else "\\n" if c == "\n" else c for c in text)
 
 
 def lark_string(text: str) -> str:
@@ -112,9 +140,9 @@ def lark_string(text: str) -> str:
 class Grammar:
     """A compiled grammar for one model; ``constraint()`` starts a reply inside it.
 
-    The reply may end (with one of ``end_ids``) where the grammar is matched in full. ``origin`` is what it
-    was made from, as an engine elsewhere takes it: ("json_schema", a schema's JSON) or ("ebnf_grammar",
-    GBNF text); None for a grammar made here (tool calls).
+    The reply may end (with one of ``end_ids``) where the grammar is matched in full. ``origin`` is the
+    whole reply's constraint as an engine elsewhere takes it: ("json_schema", a schema's JSON), ("ebnf_grammar",
+    GBNF text) or ("lark", Lark text, held from a tag on if the reply is); None where it cannot be sent.
     """
 
     def __init__(self, tokenizer: Tokenizer, end_ids: frozenset[int], grammar: str,

@@ -216,9 +216,9 @@ def sampling_params(options: DecodeOptions) -> pb.SamplingParams:
         **_shared_params(options), top_k=sampling.top_k or -1, max_new_tokens=options.max_tokens,
         min_new_tokens=options.min_tokens, logit_bias={str(token): bias for token, bias in sampling.logit_bias},
     )
-    if options.grammar is not None and options.grammar.origin is not None:
+    if options.grammar is not None:
         kind, text = options.grammar.origin
-        setattr(params, kind, text)
+        setattr(params, {"lark": "ebnf_grammar"}.get(kind, kind), text)
     return params
 
 
@@ -243,9 +243,9 @@ def _vllm_request(prompt: Sequence[int], options: DecodeOptions) -> vllm_pb.Gene
         **_shared_params(options), top_k=sampling.top_k, max_tokens=options.max_tokens, seed=sampling.seed,
         min_tokens=options.min_tokens, logit_bias=dict(sampling.logit_bias), logprobs=options.top_logprobs,
     )
-    if options.grammar is not None and options.grammar.origin is not None:
+    if options.grammar is not None:
         kind, text = options.grammar.origin
-        setattr(params, {"ebnf_grammar": "grammar"}.get(kind, kind), text)
+        setattr(params, {"ebnf_grammar": "grammar", "lark": "grammar"}.get(kind, kind), text)
     return vllm_pb.GenerateRequest(request_id=f"kronk-{uuid.uuid4().hex}", sampling_params=params, stream=True,
                                    tokenized=vllm_pb.TokenizedInput(input_ids=list(prompt)))
 
@@ -524,10 +524,9 @@ class GrpcEngine(Engine):
             return "seed", "SGLang's engine protocol carries no seed"
         if options.sampling.repetition_window != SamplingParams().repetition_window:
             return "repetition_window", "the workers' protocol carries no repetition window (each worker has its own)"
-        if options.grammar is not None and (options.grammar.origin is None or options.constrain_after):
-            return "grammar", ("a model served by gRPC workers constrains a whole reply to a JSON Schema or a GBNF "
-                               "grammar only (tool calls are read, not constrained; a thinking model's answer "
-                               "is not constrained apart from its thinking)")
+        if options.grammar is not None and options.grammar.origin is None:
+            return "grammar", ("a model served by gRPC workers cannot hold a thinking model's answer to a GBNF "
+                               "grammar, nor tools to raw input in grammars of their own")
         if options.thinking_budget is not None and options.thinking_close:
             return "thinking_budget", "the workers cannot be made to close the thinking"
         return None

@@ -119,7 +119,8 @@ def _sampling(params, temperature: float, bias, seed: Optional[int] = None) -> S
 
 
 def _constraint(params) -> Optional[ReplyFormat]:
-    """The reply's constraint: a JSON Schema or an EBNF grammar (llama.cpp's GBNF, which SGLang's EBNF is)."""
+    """The reply's constraint: a JSON Schema or an EBNF grammar (llama.cpp's GBNF, which SGLang's EBNF is, or Lark,
+    as llguidance tells them apart)."""
     kind = params.WhichOneof("constraint")
     if kind is None:
         return None

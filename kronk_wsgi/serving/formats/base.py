@@ -25,7 +25,7 @@ import uuid
 from typing import Any, Callable, Mapping, Optional, Protocol, Union
 
 from ...engine.generate import partial_tag
-from ...engine.grammar import lark_grammar, lark_json, lark_string
+from ...engine.grammar import lark_json, lark_string, regex_literal
 from ..events import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCall, ToolCallStart
 
 
@@ -91,11 +91,6 @@ class Streaming:
 # A call as a JSON object of its name and arguments, alone or in a list (``parameters``: Llama 3.x's name)
 JSON_HEAD = re.compile(r'\s*(?:\}\s*[,;]?\s*)?\[?\s*\{\s*"name"\s*:\s*"(?P<name>[^"\\]+)"\s*,\s*'
                        r'"(?:arguments|parameters)"\s*:\s*')
-
-
-def _regex_literal(text: str) -> str:
-    """``text`` matched as it is, inside a Lark regex."""
-    return "".join("\\" + c if c in r"\.^$|?*+()[]{}/-" else "\\n" if c == "\n" else c for c in text)
 
 
 def _is_text(schema: Any) -> bool:
@@ -661,7 +656,8 @@ class CallFormat:
 
     def grammar(self, tools: list[dict], strict: frozenset[str], control: dict[str, int],
                 name: Optional[str] = None, forced: bool = True, raw_inputs: Optional[dict[str, str]] = None) -> str:
-        """A Lark grammar for calls whose arguments follow the tools' schemas.
+        """A Lark grammar for calls whose arguments follow the tools' schemas: one rule, ``start``, unless tools
+        take raw input (then llguidance's JSON of several grammars).
 
         ``forced``: for the rest of a reply that starts with ``opening(name)``,
         one call to one of the ``tools`` (to ``name``, if given). Not
@@ -702,7 +698,7 @@ class CallFormat:
             main = f"start: {text(rest)} {body} ({text(self.between)} {body})* {text(self.end)}"
         main = (main if main.removeprefix("start:").strip() else 'start: ""') + "\n"
         if not raw_inputs:
-            return lark_grammar(main)
+            return main
         return json.dumps({"grammars": [{"lark_grammar": main}] + [
             {"name": inputs[tool], "lark_grammar": grammar} for tool, grammar in raw_inputs.items()]})
 
@@ -714,7 +710,7 @@ class CallFormat:
         closing = self.xml.quote + tail
         if text(closing) != lark_string(closing):  # a control token in it: matched as that token
             return f"{quote} /{self.xml.text}/ {quote} {text(tail)}"
-        return f"{quote} /{self.xml.text}{_regex_literal(closing)}/"
+        return f"{quote} /{self.xml.text}{regex_literal(closing)}/"
 
     def _literal(self, text: str, control: dict[str, int]) -> str:
         """``text`` as Lark, its markers that are control tokens matched as those tokens."""

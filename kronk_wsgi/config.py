@@ -83,6 +83,9 @@ class ModelSpec(BaseModel):
     engine_options: dict[str, Any] = Field(default_factory=dict)
     # Off unless given: on these machines it pays only where replies repeat the prompt (docs/BENCHMARKS.rst)
     speculative: Optional[Speculative] = None
+    # "inline": the engine runs in each worker process; "process": in one runner process per host, which every
+    # worker process's requests share (its slots, its batches, its prompt cache), over a Unix socket
+    runner: Literal["inline", "process"] = "inline"
 
     def describe(self) -> str:
         """Where the model comes from, in a few words."""
@@ -107,6 +110,8 @@ class ModelSpec(BaseModel):
             raise ValueError("filename, quant and revision belong with a repo_id")
         if self.filename is not None and self.quant is not None:
             raise ValueError("give filename or quant, not both")
+        if self.runner == "process" and self.engine == "grpc":
+            raise ValueError('runner "process" runs a local engine: a model on gRPC workers has none')
         return self
 
 
@@ -186,6 +191,9 @@ class Settings(BaseModel):
     unknown_model: Literal["not_found", "default"] = "not_found"
     # Where llama-server's POST /slots/{id}?action=save and restore keep their files; None: those actions are off.
     slot_save_path: Optional[str] = None
+    # Where the worker processes find their models' runners (runner "process"): sockets and locks. Default: a
+    # directory `kronk-wsgi serve` makes for its workers; embedded, one per process unless set.
+    runner_dir: Optional[str] = None
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")

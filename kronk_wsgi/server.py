@@ -34,10 +34,11 @@ def graceful_timeout(drain_timeout: float) -> int:
 
 
 def on_exit(server) -> None:
-    """Remove the metrics directory the server made for itself."""
-    directory = getattr(server, "kronk_metrics_dir", None)
-    if directory:
-        shutil.rmtree(directory, ignore_errors=True)
+    """Remove the metrics and runner directories the server made for itself (a runner stops once its last worker
+    has gone)."""
+    for directory in (getattr(server, "kronk_metrics_dir", None), getattr(server, "kronk_runner_dir", None)):
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def child_exit(server, worker) -> None:
@@ -111,6 +112,8 @@ def on_starting(server) -> None:
     # Before any worker imports prometheus_client: the directory decides how every value is kept.
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = server.kronk_metrics_dir = tempfile.mkdtemp(prefix="kronk-metrics-")
+    if not os.environ.get(config_key("runner_dir")):  # where the workers share their models' runners
+        os.environ[config_key("runner_dir")] = server.kronk_runner_dir = tempfile.mkdtemp(prefix="kronk-runners-")
     try:
         settings = settings_from_config(read_config())
         # What any engine needs; each model's own engine is checked when a worker loads it (the engine

@@ -26,7 +26,7 @@ MAIN_HUB = gevent.get_hub()
 class GrpcOptions(EngineOptions):
     """The workers a model names, and how its requests are spread over them."""
 
-    workers: list[str] = pydantic.Field(min_length=1)  # grpc://HOST:PORT (or HOST:PORT)
+    workers: list[str] = pydantic.Field(min_length=1)  # grpc://HOST:PORT (or HOST:PORT), or unix:/PATH
     backend: Literal["sglang", "vllm"] = "sglang"  # the protocol the workers speak: SglangScheduler, VllmEngine
     # cache_aware: a request goes to the worker that was sent the longest prefix of its prompt (the last
     # ``remembered_tokens`` sent each worker are remembered; ties and misses go to the worker idle longest);
@@ -44,7 +44,12 @@ class GrpcOptions(EngineOptions):
 
 
 def worker_address(url: str) -> str:
-    """HOST:PORT of a worker's grpc://HOST:PORT (or HOST:PORT); ValueError if it is neither."""
+    """HOST:PORT of a worker's grpc://HOST:PORT (or HOST:PORT), or unix:PATH as it is (PATH absolute); ValueError
+    if it is none of them."""
+    if url.startswith("unix:"):
+        if not url.removeprefix("unix:").startswith("/"):
+            raise ValueError(f"{url!r} is not unix:/ABSOLUTE/PATH")
+        return url
     address = url.removeprefix("grpc://")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "/" in address:

@@ -52,6 +52,7 @@ _thread_ident = monkey.get_original("_thread", "get_ident")  # the OS thread's (
 MESSAGE_BYTES = 256 * 1024 * 1024  # a long prompt's ids
 POLL_SECONDS = 0.05  # how often a thread waiting for a worker's next message looks whether it was cancelled
 TOKENIZER_SECONDS = 120.0  # a worker has to send its tokenizer bundle (it may make it first: seconds for a large one)
+RECONNECT_MS = 2_000  # the longest wait between two attempts to reach a worker that went away (gRPC's: 120 s)
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # the worker, not the request, failed
 _END = object()
 # Each backend's messages and client.
@@ -145,7 +146,8 @@ class Worker:
     def __init__(self, address: str, backend: str, remembered_tokens: int) -> None:
         self.address = address
         self.channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_send_message_length", MESSAGE_BYTES), ("grpc.max_receive_message_length", MESSAGE_BYTES)])
+            ("grpc.max_send_message_length", MESSAGE_BYTES), ("grpc.max_receive_message_length", MESSAGE_BYTES),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_MS)])
         self.messages, stub = PROTOCOLS[backend]
         self.stub = stub(self.channel)
         self.running = 0
@@ -497,7 +499,7 @@ class GrpcEngine(Engine):
 
     def worker_rows(self) -> list[dict]:
         """Each worker in use: its URL, slots, this server's requests at it, its health (why not: ``reason``)."""
-        return [{"url": f"grpc://{w.address}", "slots": w.slots, "running": w.running,
+        return [{"url": w.address if w.address.startswith("unix:") else f"grpc://{w.address}", "slots": w.slots, "running": w.running,
                  "healthy": w.unhealthy is None and w.refused is None, "reason": w.refused or w.unhealthy}
                 for w in self._in_use()]
 

@@ -21,6 +21,7 @@ from ..config import Settings
 from ..logs import configure_logging
 from ..metrics import Metrics
 from ..serving.pool import ModelPool, ModelUnavailable
+from ..serving.runners import RunnerFiles
 from .servicer import Calls, SchedulerServicer, VllmEngineServicer
 
 log = structlog.get_logger("kronk_wsgi.grpc_worker")
@@ -30,6 +31,7 @@ SERVICES = {"sglang": "sglang.grpc.scheduler.SglangScheduler", "vllm": "vllm.grp
 # Calls served at once: each is a greenlet for as long as it streams; admission bounds the work.
 MAX_CALLS = 10_000
 MESSAGE_BYTES = 256 * 1024 * 1024  # a long prompt's ids, a tokenizer bundle
+UNUSED_POLL_SECONDS = 0.5  # how often a runner looks whether a front still holds its model
 
 
 def side_app(servicer: SchedulerServicer, metrics: Metrics):
@@ -50,9 +52,21 @@ def side_app(servicer: SchedulerServicer, metrics: Metrics):
     return app
 
 
-def serve(settings: Settings, bind: str, http_bind: Optional[str], protocols: Sequence[str] = tuple(SERVICES)) -> int:
+def _stop_when_unused(files: RunnerFiles, users: int, stopping: gevent.event.Event) -> None:
+    """A runner's watch: stop once no front holds its model, first taking back that it is ready."""
+    while not stopping.is_set():
+        gevent.sleep(UNUSED_POLL_SECONDS)
+        if files.unused(users):
+            files.path("ready").unlink(missing_ok=True)
+            log.info("runner unused, stopping", model=files.model_id)
+            stopping.set()
+
+
+def serve(settings: Settings, bind: str, http_bind: Optional[str], protocols: Sequence[str] = tuple(SERVICES),
+          runner: Optional[tuple[RunnerFiles, int]] = None) -> int:
     """Serve the default model as the services of ``protocols`` until SIGTERM or SIGINT, then drain as the HTTP
-    server does; the exit status."""
+    server does; the exit status. As a model's ``runner`` (its files, and its descriptor of ``.users``), say in its
+    files that the model is ready (or why not: then exit at once), and stop once no front holds it."""
     grpc.experimental.gevent.init_gevent()
     configure_logging()
     metrics = Metrics()
@@ -89,12 +103,17 @@ def serve(settings: Settings, bind: str, http_bind: Optional[str], protocols: Se
     try:
         with pool.use(settings.default_model):
             pass
-    except ModelUnavailable:
-        pass  # logged by the pool; health says why
+    except ModelUnavailable as exc:  # logged by the pool; health says why
+        if runner is not None:
+            runner[0].mark_failed(str(exc))
+            stopping.set()
     else:
         for name in names:
             health_status.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("grpc worker ready", model=settings.default_model)
+        if runner is not None:
+            runner[0].mark_ready()
+            gevent.spawn(_stop_when_unused, *runner, stopping)
     stopping.wait()
     log.info("grpc worker stopping", drain_seconds=settings.drain_timeout)
     for name in names:

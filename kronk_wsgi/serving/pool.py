@@ -22,7 +22,7 @@ import structlog
 from gevent.threadpool import ThreadPool
 
 from .. import hub
-from ..catalog import Progress, check_engine_options, load_engine, local_file
+from ..catalog import Progress, check_engine_options, load_engine, local_file, model_file
 from ..config import ConfigError, ModelSpec, Settings
 from ..describe import footprint
 from ..engine.base import DraftSlot, Engine, EngineError, Slot
@@ -34,6 +34,7 @@ from ..model_registry import ModelRegistry
 from . import offload
 from .drain import Drain
 from .formats import reply_end
+from .runners import runner_engine
 from .scheduler import CLIENT_POLL_SECONDS, ClientGone, Scheduler
 
 log = structlog.get_logger("kronk_wsgi.pool")
@@ -519,8 +520,10 @@ class ModelPool:
 
     def _load(self, model_id: str, spec: ModelSpec, progress: Progress) -> ModelParts:
         """Runs in a worker thread: the model's parts (``progress`` hears of its download)."""
-        engine = load_engine(model_id, spec, progress)
-        if spec.speculative is not None and not engine.speculates:
+        inline = spec.runner == "inline"  # else its runner speculates, with its draft model, and keeps its cache
+        engine = load_engine(model_id, spec, progress) if inline else \
+            runner_engine(model_id, spec, model_file(spec, progress), self.settings)
+        if inline and spec.speculative is not None and not engine.speculates:
             engine.close()
             raise EngineError(f"speculative decoding needs an engine that checks drafts in one call (llama.cpp); "
                               f"{engine.kind.name} does not")
@@ -532,7 +535,8 @@ class ModelPool:
         batched = engine.kind.batched
         self.settings.check_cores(batched)
         slots = engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))
-        draft_engine = self._load_draft(model_id, spec.draft_model, engine, slots) if spec.draft_model else None
+        draft_engine = self._load_draft(model_id, spec.draft_model, engine, slots) if inline and spec.draft_model \
+            else None
         identity = engine.state_identity()
         ram, disk = self.settings.prompt_cache_ram_bytes(), self.settings.prompt_cache_disk_mb * 1_000_000
         if identity is not None and (ram or disk):

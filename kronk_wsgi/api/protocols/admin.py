@@ -34,7 +34,7 @@ def _model_row(model_id: str) -> dict:
     kronk = state()
     spec = kronk.models.get(model_id)
     row = {"id": model_id, "source": spec.describe(), "loaded": False, "default": model_id == kronk.settings.default_model,
-           "load_error": kronk.pool.load_errors.get(model_id)}
+           "runner": spec.runner, "load_error": kronk.pool.load_errors.get(model_id)}
     loading = kronk.pool.loads.get(model_id)
     if loading is not None:  # what its download has fetched so far (bytes)
         row["loading"] = {"done": loading.done, "total": loading.total}
@@ -52,6 +52,8 @@ def _model_row(model_id: str) -> dict:
         })
         if loaded.engine.kind.name == "grpc":
             row["workers"] = loaded.engine.worker_rows()
+        if loaded.engine.kind.name == "runner":
+            row["runner_pid"] = loaded.engine.lease.pid
     return row
 
 

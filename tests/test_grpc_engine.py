@@ -359,6 +359,22 @@ def test_a_worker_of_another_model_is_refused_with_the_reason(workers, tiny_mode
         assert reply.status_code >= 500 and "serves another model" in reply.text, reply.text
 
 
+def test_a_worker_busy_past_its_admission_wait_is_a_429(smollm2, tmp_path):
+    """The worker's one slot taken (by a call straight to it) past its admission wait: the front's whole answer is
+    a 429 with Retry-After, as its own admission's would be."""
+    env = {**worker_env(smollm2), "KRONK_ADMISSION_TIMEOUT": "1", "KRONK_QUEUE_DEPTH": "1"}
+    with run_grpc_worker(tmp_path / "w", env) as worker, \
+            run_server(tmp_path, front_env(smollm2, [worker])) as server:
+        options = DecodeOptions(end_ids=frozenset(), max_tokens=2000)
+        with grpc.insecure_channel(worker.address) as channel:
+            taking = pb_grpc.SglangSchedulerStub(channel).Generate(generate_request([1, 2, 3], options))
+            next(taking)  # its first token: the slot is the call's
+            reply = server.post("/v1/chat/completions", {"model": "remote", "messages": QUESTION})
+            taking.cancel()
+        assert reply.status_code == 429 and reply.headers["Retry-After"] == "5", reply.text
+        assert reply.json()["error"]["code"] == "model_busy"
+
+
 def test_a_worker_killed_mid_stream_ends_it_with_an_in_band_error(tiny_model, tmp_path):
     env = faulty_env(tiny_model, KRONK_TEST_STEP_DELAY=0.1, KRONK_TEST_NO_EOS=1)
     with run_grpc_worker(tmp_path / "a", env) as worker, \

@@ -34,7 +34,8 @@ from .sse import compact_json_pieces
 from .state import record, state
 
 # The status of an answer that is not streamed, by how its generation failed.
-FAILURE_STATUS = {"timeout": 504, "shutdown": 503, "grammar_error": 400}
+FAILURE_STATUS = {"timeout": 504, "shutdown": 503, "grammar_error": 400, "model_busy": 429}
+BUSY_RETRY_SECONDS = 5  # Retry-After of a request an engine elsewhere was too busy to run
 WHOLE_CHUNK = 1 << 20  # a whole answer goes out a megabyte at a time, each write watched
 
 log = structlog.get_logger("kronk_wsgi.http")
@@ -239,7 +240,8 @@ def run_to_end(session: Session) -> tuple[list[Event], Finished]:
     """Run a session whose answer is not streamed: its output events and how it finished.
 
     Each run of one choice's text comes back merged (``coalesce``). An engine failure becomes a 500 (the
-    request timeout a 504, a shutdown a 503), a client that left a 499; the session is closed in every case.
+    request timeout a 504, a shutdown a 503, an engine elsewhere busy past its admission wait a 429), a client
+    that left a 499; the session is closed in every case.
     """
     output: list[Event] = []
     try:
@@ -247,7 +249,8 @@ def run_to_end(session: Session) -> tuple[list[Event], Finished]:
             if isinstance(event, Finished):
                 return coalesce(output), event
             if isinstance(event, Failed):
-                raise ApiError(FAILURE_STATUS.get(event.code, 500), event.message, code=event.code)
+                raise ApiError(FAILURE_STATUS.get(event.code, 500), event.message, code=event.code,
+                               headers={"Retry-After": str(BUSY_RETRY_SECONDS)} if event.code == "model_busy" else None)
             if not isinstance(event, (KeepAlive, PromptCached)):
                 output.append(event)
     finally:

@@ -43,6 +43,10 @@ class EngineError(Exception):
     """The engine failed: a load or an inference call did not succeed."""
 
 
+class EngineBusy(EngineError):
+    """The engine (a worker elsewhere, a runner) stayed busy past its own admission wait: the request was not run."""
+
+
 class Cancelled(Exception):
     """Work stopped between two engine calls because the caller asked."""
 

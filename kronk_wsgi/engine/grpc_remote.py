@@ -36,7 +36,7 @@ from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2 as vllm_pb
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc as vllm_grpc
 
-from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, Slot
+from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineBusy, EngineError, Slot
 from .generate import DecodeOptions, Generation, ReplyText, SampledToken
 from .gguf_file import BadModelFile, read_gguf
 from .grpc_engine import MAIN_HUB, GrpcOptions, worker_address
@@ -585,6 +585,8 @@ class GrpcEngine(Engine):
             except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
                 self.done(worker)
                 code = exc.code() if isinstance(exc, grpc.RpcError) else grpc.StatusCode.DEADLINE_EXCEEDED
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise EngineBusy(f"worker {worker.address} stayed busy: {exc.details()}") from None
                 if code not in RETRIED:
                     raise EngineError(f"worker {worker.address} refused the request: {code.name} "
                                       f"{exc.details()}") from None

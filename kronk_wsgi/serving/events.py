@@ -149,7 +149,8 @@ class Finished:
 
 @dataclasses.dataclass(frozen=True)
 class Failed:
-    """Generation ended with an error after it started; code is "engine_error" or "timeout"."""
+    """Generation ended with an error after it started; code is "engine_error", "timeout", "shutdown",
+    "grammar_error" or "model_busy" (an engine elsewhere did not take it within its admission wait)."""
 
     code: str
     message: str

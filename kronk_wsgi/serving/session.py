@@ -12,7 +12,7 @@ from typing import Callable, Generator, Iterator, Optional
 
 import structlog
 
-from ..engine.base import Cancelled, EngineError, Slot
+from ..engine.base import Cancelled, EngineBusy, EngineError, Slot
 from ..engine.grammar import GrammarError
 from ..metrics import GapCounter, Metrics
 from .channel import ThreadChannel
@@ -284,6 +284,9 @@ class Session:
             log.warning("grammar failed during generation", model=self.model.id, error=str(item)[:300])
             return Failed("grammar_error", "the reply's grammar went past the constraint engine's limits at a later "
                           "step; the response is incomplete")
+        if isinstance(item, EngineBusy):
+            log.warning("engine busy past its admission wait", model=self.model.id, error=str(item)[:500])
+            return Failed("model_busy", "the model stayed busy past the admission wait; retry later")
         if isinstance(item, EngineError):  # a failure the engine names (a worker gone): its reason, no traceback
             log.error("engine failed during generation", model=self.model.id, error=str(item)[:500])
         else:

@@ -25,7 +25,7 @@ TOPICS = ["lighthouses", "bread", "glaciers", "violins", "railways", "honeybees"
 ASKS = ["Summarize it.", "What is the most surprising fact?", "And the second?"]
 
 
-def _streams_at_once(url: str, tokens: int, count: int, one_stream) -> float:
+def streams_at_once(url: str, tokens: int, count: int, one_stream) -> float:
     """Aggregate tokens/s of ``count`` concurrent streams, each with its own prompt."""
     results: list[dict] = []
     threads = [threading.Thread(target=lambda i=i: results.append(
@@ -93,7 +93,7 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
         aggregate = {"one": [], "two": []}
         for round_ in range(max(2, rounds // 2)):
             for name in (("one", "two") if round_ % 2 == 0 else ("two", "one")):
-                aggregate[name].append(_streams_at_once(one if name == "one" else both, tokens, 2, one_stream))
+                aggregate[name].append(streams_at_once(one if name == "one" else both, tokens, 2, one_stream))
         shares = {}
         for policy in ("cache_aware", "round_robin"):
             with run_smg(worker_urls, "bench", ["--policy", policy], log=workdir / f"smg-{policy}.log") as url:

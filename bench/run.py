@@ -68,7 +68,8 @@ from kronk_wsgi.engine.sampling import SamplingParams  # noqa: E402
 from kronk_wsgi.testing import fetch_gemma3, fetch_smollm2, metric, run_llama_server, run_server  # noqa: E402
 from kronk_wsgi.testing.balancers import run_nginx, run_router  # noqa: E402
 from kronk_wsgi.testing.storm import storm  # noqa: E402
-from grpc_worker import grpc_side_by_side  # noqa: E402
+from grpc_worker import grpc_side_by_side, streams_at_once  # noqa: E402
+from runners import runners_side_by_side  # noqa: E402
 from stalls import joining_prompt, stall_probes  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
@@ -839,6 +840,7 @@ def main() -> None:
     parser.add_argument("--chunks", action="store_true", help="ctransformers' prefill rate per chunk size instead")
     parser.add_argument("--speculative", action="store_true", help="speculative decoding against llama-server's")
     parser.add_argument("--grpc", action="store_true", help="gRPC workers behind SMG, beside the HTTP server")
+    parser.add_argument("--runner", action="store_true", help="a runner process against inline and llama-server")
     parser.add_argument("--worker-url", action="append", help="gRPC workers of the model to measure (--grpc): "
                         "two, serving SmolLM2 as 'bench'; default: two kronk-wsgi grpc workers")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations, "
@@ -852,6 +854,8 @@ def main() -> None:
         "agent": agent_prompt, "next_turns": lambda: next_turns(args.llama_server, args.rounds), "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
         "speculative": lambda: speculative_side_by_side(args.tokens, args.llama_server, args.rounds),
         "grpc": lambda: grpc_side_by_side(args.tokens, args.rounds, one_stream, chat_turn, args.worker_url),
+        "runner": lambda: runners_side_by_side(args.tokens, args.rounds, args.llama_server, one_stream, chat_turn,
+                                               streams_at_once),
     }
     for name, run in chosen.items():
         if getattr(args, name):

@@ -116,9 +116,11 @@ def on_starting(server) -> None:
         os.environ[config_key("runner_dir")] = server.kronk_runner_dir = tempfile.mkdtemp(prefix="kronk-runners-")
     try:
         settings = settings_from_config(read_config())
-        # What any engine needs; each model's own engine is checked when a worker loads it (the engine
-        # modules import ssl, which must come after gevent's patching, in the workers).
-        settings.check_cores(batched=True)
+        # What any engine run in the workers needs; each model's own engine is checked when a worker loads it (the
+        # engine modules import ssl, which must come after gevent's patching, in the workers). A runner is one
+        # process: its threads are checked there.
+        if any(spec.runner == "inline" for spec in settings.models.values()):
+            settings.check_cores(batched=True)
     except ConfigError as exc:
         sys.stderr.write(f"kronk-wsgi: {exc}\n")
         sys.exit(2)

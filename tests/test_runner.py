@@ -71,16 +71,29 @@ def test_every_worker_process_shares_one_runner_its_answer_and_its_cache(smollm2
         expected = chat(inline)["choices"][0]["message"]["content"]
     folder = tmp_path / "runners"
     with run_server(tmp_path / "front", runner_env(smollm2, folder)) as server:
-        replies = [chat(server) for _ in range(6)]  # each on a new connection, to either worker
+        replies = [chat(server, seed=3) for _ in range(6)]  # each on a new connection, to either worker
         assert {r["choices"][0]["message"]["content"] for r in replies} == {expected}
         assert all(r["usage"]["prompt_tokens_details"]["cached_tokens"] >= r["usage"]["prompt_tokens"] - 1
                    for r in replies[1:]), [r["usage"] for r in replies]
         pid = runner_pid(folder)
         assert server.logs().count('"runner started"') == 1
         wait_until(lambda: server.logs().count('"model loaded"') >= 2)  # both workers hold the model
+        embedded = server.post("/v1/embeddings", {"model": "smol", "input": "Hi"})
+        assert embedded.status_code == 400 and embedded.json()["error"]["param"] == "model", embedded.text
         row = requests.get(server.url + "/admin/models", timeout=30).json()["data"][0]
         assert row["runner"] == "process" and row["runner_pid"] == pid and row["slots"] == 1, row
     wait_until(lambda: not alive(pid), seconds=30)  # its last front gone, the runner stopped
+
+
+def test_a_ctransformers_model_runs_in_a_runner_as_inline(tiny_model, tmp_path):
+    env = runner_env(tiny_model, tmp_path / "runners", workers=1, engine="ctransformers")
+    inline_env = {"KRONK_MODELS": json.dumps({"smol": {"path": str(tiny_model), "engine": "ctransformers"}})}
+    (tmp_path / "inline").mkdir()
+    with run_server(tmp_path / "inline", inline_env) as inline:
+        expected = chat(inline)["choices"][0]["message"]["content"]
+    with run_server(tmp_path, env) as server:
+        assert chat(server)["choices"][0]["message"]["content"] == expected
+        runner_pid(tmp_path / "runners")
 
 
 def test_a_runner_killed_mid_stream_ends_it_in_band_and_the_next_request_starts_another(smollm2, tmp_path):

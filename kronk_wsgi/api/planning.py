@@ -352,6 +352,13 @@ def _check_budget(tokens: int, budget: int, param: str, floor: bool = False) -> 
                       "(max_request_tokens)", param=param, code="request_too_large")
 
 
+def _check_embeds(model: LoadedModel) -> None:
+    """400 for a model whose engine only generates (gRPC workers, a runner): it gives no embeddings or scores."""
+    if not model.engine.embeds:
+        raise invalid(f"model {model.id!r} is served by the {model.engine.kind.name} engine, which only generates: "
+                      "it gives no embeddings or rerank scores", param="model")
+
+
 def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, budget: int, truncate: bool = False,
                    scope: str = "") -> EmbeddingJob:
     """The job that embeds each input on ``model``; 400 if one does not fit its context, unless ``truncate``
@@ -359,6 +366,7 @@ def plan_embedding(model: LoadedModel, inputs: Sequence[Prompt], param: str, bud
     if model.engine.reranker:
         raise invalid(f"model {model.id!r} is a reranker: it scores documents against a query (POST /v1/rerank) and "
                       "gives no embeddings", param="model")
+    _check_embeds(model)
     context, tokenizer = model.engine.context_length, model.engine.tokenizer
     fewest = [tokenizer.fewest_tokens(given) if isinstance(given, str) else len(given) for given in inputs]
     for index, (given, floor) in enumerate(zip(inputs, fewest)):
@@ -388,6 +396,7 @@ def plan_rerank(model: LoadedModel, query: str, documents: Sequence[str], param:
     many tokens first. 400 if the model is no reranker, a pair is empty or does not fit its context, or the pairs
     come to more than ``budget`` tokens."""
     engine = model.engine
+    _check_embeds(model)
     if not engine.reranker:
         raise invalid(f"model {model.id!r} is not a reranker: its file does not score by rank", param="model")
     context, tokenizer, template = engine.context_length, engine.tokenizer, engine.rerank_template

@@ -303,6 +303,7 @@ class Engine(abc.ABC):
     tokenizer: Tokenizer
     chat_template: Optional[str]  # the file's own, if it has one
     speculates = False  # its slots decode_each and truncate: speculative decoding can check drafts
+    embeds = True  # its slots give embeddings (an engine elsewhere that only generates does not)
     reranker = False  # it scores a query and a document: its slots' embedding() is its classification head's output
     rerank_template: Optional[str] = None  # the file's prompt for a query and a document, if it has one
     kind: "EngineKind"  # set when its kind loads it

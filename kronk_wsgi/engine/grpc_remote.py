@@ -340,6 +340,8 @@ class GrpcEngine(Engine):
     """The model's tokenizer and template here (from its GGUF file, its tokenizer folder, or the workers' tokenizer
     bundle), its replies from workers that serve the same model."""
 
+    embeds = False
+
     def __init__(self, name: str, path: Optional[Path], context_length: Optional[int], options: GrpcOptions) -> None:
         self.name = name
         self.options = options

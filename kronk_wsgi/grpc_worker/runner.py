@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     files = RunnerFiles(Path(args.folder), args.model)
     users = os.open(files.path("users"), os.O_RDWR)
     files.socket.unlink(missing_ok=True)
-    return serve(settings, f"unix:{files.socket}", None, ("sglang",), runner=(files, users))
+    return serve(settings, f"unix:{files.socket}", None, ("vllm",), runner=(files, users))
 
 
 if __name__ == "__main__":

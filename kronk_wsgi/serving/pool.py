@@ -533,7 +533,8 @@ class ModelPool:
             tokenizer.token_text(tokenizer.eos_id), tokenizer.control,
         )
         batched = engine.kind.batched
-        self.settings.check_cores(batched)
+        if inline:  # else the runner's one process makes the decode calls
+            self.settings.check_cores(batched)
         slots = engine.new_slots(self.settings.parallel, self.settings.threads_per_call(batched))
         draft_engine = self._load_draft(model_id, spec.draft_model, engine, slots) if inline and spec.draft_model \
             else None

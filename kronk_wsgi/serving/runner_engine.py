@@ -20,7 +20,9 @@ class RunnerEngine(GrpcEngine):
                  start_timeout: float) -> None:
         self.lease = lease
         self._start_timeout = start_timeout
-        super().__init__(name, path, context_length, GrpcOptions(workers=[f"unix:{lease.files.socket}"]))
+        # vLLM's protocol: it carries a seed, SGLang's does not
+        super().__init__(name, path, context_length, GrpcOptions(workers=[f"unix:{lease.files.socket}"],
+                                                                 backend="vllm"))
 
     def start(self, slot: GrpcSlot, request, cancelled: Callable[[], bool]):
         self.lease.ensure(self._start_timeout, cancelled)  # at once while it runs: a few system calls

@@ -1,5 +1,5 @@
 """Models run by a runner process (``runner = "process"``): one process per model and host owns the weights, the
-slots, the batches and the prompt cache's RAM tier, and serves SGLang's engine protocol on a Unix socket to every
+slots, the batches and the prompt cache's RAM tier, and serves vLLM's engine protocol on a Unix socket to every
 worker process that has the model loaded (its fronts), whose engine is then the gRPC engine.
 
 A runner and its fronts meet through files in the runner directory (``RunnerFiles``),
@@ -92,9 +92,11 @@ class RunnerLease:
     def __init__(self, model_id: str, spec: ModelSpec, settings: Settings) -> None:
         self.files = RunnerFiles(runner_dir(settings), model_id)
         self.files.folder.mkdir(parents=True, exist_ok=True)
-        # The runner's settings: these, its model run inline and the default.
-        inline = settings.model_copy(update={"default_model": model_id,
-                                             "models": {**settings.models, model_id: spec.model_copy(update={"runner": "inline"})}})
+        # The runner's settings: these, its model run inline and the default, its one process the host's engine
+        # (its decode calls' threads are not shared with other workers').
+        inline = settings.model_copy(update={
+            "default_model": model_id, "workers": 1,
+            "models": {**settings.models, model_id: spec.model_copy(update={"runner": "inline"})}})
         self._settings = inline.model_dump_json()
         self._starting: Optional[int] = None  # the runner this front started, until it is ready (its pid)
         self._started: list[int] = []  # the runners this front started that have not been reaped

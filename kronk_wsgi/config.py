@@ -191,8 +191,9 @@ class Settings(BaseModel):
     unknown_model: Literal["not_found", "default"] = "not_found"
     # Where llama-server's POST /slots/{id}?action=save and restore keep their files; None: those actions are off.
     slot_save_path: Optional[str] = None
-    # Where the worker processes find their models' runners (runner "process"): sockets and locks. Default: a
-    # directory `kronk-wsgi serve` makes for its workers; embedded, one per process unless set.
+    # What the worker processes share at run time: their models' runners (runner "process": sockets and locks),
+    # the gRPC workers added and removed through the admin API. Default: a directory `kronk-wsgi serve` makes for
+    # its workers; embedded, one per process unless set.
     runner_dir: Optional[str] = None
     bind: str = "127.0.0.1:8000"
 

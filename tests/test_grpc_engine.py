@@ -292,25 +292,36 @@ def test_a_client_that_leaves_frees_the_workers_slot(front, workers):
 
 
 def test_workers_are_added_and_removed_at_run_time_through_the_admin_api(workers, smollm2, tmp_path):
+    """Through either of two worker processes (each call on a new connection): a change made through one is
+    followed by the other."""
     one, two = workers
     admin = lambda method, **kw: requests.request(method, server.url + "/admin/models/remote/workers",  # noqa: E731
-                                                  timeout=60, **kw)
+                                                  timeout=60, headers={"Connection": "close"}, **kw)
 
     def served(worker) -> int:
         return sum(entry["outcome"] == "ok" for entry in worker.completed())
 
-    with run_server(tmp_path, front_env(smollm2, [one])) as server:
+    def everywhere(urls: list, slots: int):
+        """Every process (asked six times, on new connections) has the model on ``urls`` with ``slots``."""
+        def agreed():
+            return all([row["url"] for row in admin("GET").json()["data"]] == urls
+                       and model_row(server, "remote")["slots"] == slots for _ in range(6))
+        return wait_until(agreed, seconds=30)
+
+    with run_server(tmp_path, {**front_env(smollm2, [one]), "KRONK_WORKERS": 2}) as server:
         client(server).chat.completions.create(model="remote", messages=QUESTION, max_tokens=2)
-        assert [row["url"] for row in admin("GET").json()["data"]] == [one.url]
+        everywhere([one.url], 1)
         added = admin("POST", json={"url": two.url})
         assert added.status_code == 200 and added.json()["slots"] == 1, added.text
-        assert model_row(server, "remote")["slots"] == 2 and model_row(server, "remote")["places"] == 4
+        everywhere([one.url, two.url], 2)
+        assert model_row(server, "remote")["places"] == 4
         assert admin("POST", json={"url": two.url}).status_code == 409  # a worker of the model already
         gone = admin("POST", json={"url": f"grpc://127.0.0.1:{free_port()}"})
         assert gone.status_code == 502 and "does not answer" in gone.json()["error"]["message"]
         assert admin("POST", json={"url": "h1"}).status_code == 400
         removed = admin("DELETE", params={"url": one.url})
         assert removed.status_code == 200 and removed.json()["slots"] == 1, removed.text
+        everywhere([two.url], 1)
         before = served(one), served(two)
         for number in range(3):
             conversation = [{"role": "user", "content": f"Say the number {number}."}]
@@ -318,7 +329,6 @@ def test_workers_are_added_and_removed_at_run_time_through_the_admin_api(workers
         assert served(one) == before[0] and wait_until(lambda: served(two) == before[1] + 3)
         assert admin("DELETE", params={"url": two.url}).status_code == 409  # the last one
         assert admin("DELETE", params={"url": one.url}).status_code == 404  # not a worker any more
-        assert model_row(server, "remote")["slots"] == 1
         assert "grpc worker added" in server.logs() and "grpc worker removed" in server.logs()
 
 

@@ -11,6 +11,8 @@ model), and, least recently used first, when another model needs room under
 
 import contextlib
 import dataclasses
+import json
+import os
 import re
 import time
 from pathlib import Path
@@ -34,7 +36,7 @@ from ..model_registry import ModelRegistry
 from . import offload
 from .drain import Drain
 from .formats import reply_end
-from .runners import runner_engine
+from .runners import RunnerFiles, runner_dir, runner_engine
 from .scheduler import CLIENT_POLL_SECONDS, ClientGone, Scheduler
 
 log = structlog.get_logger("kronk_wsgi.pool")
@@ -49,6 +51,7 @@ NEXT_TURN_GRACE = 1.0
 
 # How often idle models are looked at for unloading.
 SWEEP_SECONDS = 1.0
+WORKERS_POLL_SECONDS = 1.0  # how often a model on gRPC workers looks whether another process changed them
 
 
 
@@ -154,6 +157,10 @@ class LoadedModel:
         self._disk_writer = ThreadPool(1)  # prompt-cache disk writes, after the slot that saved is given back
         self.scheduler = Scheduler(model_id, slots, places, settings.max_waiting, metrics)
         engine.watch_slots(self._add_slots)
+        # A model on gRPC workers: the workers added and removed at run time, in a file every worker process follows
+        self._workers_file = RunnerFiles(runner_dir(settings), model_id).path("workers")
+        self._workers_seen: Optional[int] = None  # the file's modification time last followed or written here
+        self._workers_watch = gevent.spawn(self._follow_workers) if engine.kind.name == "grpc" else None
         # Whether other workers read the prompt cache's disk tier. Then an answer's state is saved as it ends, so
         # that its next turn finds it from any worker. Otherwise it stays in its slot until a prompt overwrites it
         # (Slot.reuse saves it first), the model goes or the worker stops: a next turn sent at once, which takes
@@ -162,11 +169,13 @@ class LoadedModel:
         self.disk_write_grace = 0.0 if self.shared_cache else NEXT_TURN_GRACE  # seconds left to a next turn
         self._write_due: Optional[gevent.Greenlet] = None  # a disk write waiting for its time
 
-    def add_worker(self, url: str) -> list[Slot]:
+    def add_worker(self, url: str, shared: bool = True) -> list[Slot]:
         """A gRPC worker added to the model at run time: its slots and their places join the model's (EngineError
-        if the engine refuses it)."""
+        if the engine refuses it); ``shared``: the other worker processes follow."""
         slots = self.engine.add_worker(url)
         self._add_slots(slots)
+        if shared:
+            self._share_workers()
         return slots
 
     def _add_slots(self, slots: list[Slot]) -> None:
@@ -174,11 +183,44 @@ class LoadedModel:
         self.slot_threads.maxsize += len(slots)
         self.scheduler.add_slots(slots, len(slots) * self.queue_depth)
 
-    def remove_worker(self, url: str) -> list[Slot]:
-        """A gRPC worker taken out at run time: its slots retire (a busy one once its request ends)."""
+    def remove_worker(self, url: str, shared: bool = True) -> list[Slot]:
+        """A gRPC worker taken out at run time: its slots retire (a busy one once its request ends); ``shared``: the
+        other worker processes follow."""
         slots = self.engine.remove_worker(url, self.scheduler.slots)
         self.scheduler.retire(slots, len(slots) * self.queue_depth)
+        if shared:
+            self._share_workers()
         return slots
+
+    def _share_workers(self) -> None:
+        """Write the model's workers for the other worker processes (whole, then renamed into place)."""
+        urls = [row["url"] for row in self.engine.worker_rows()]
+        written = self._workers_file.with_suffix(f".{os.getpid()}")
+        written.write_text(json.dumps(urls))
+        os.replace(written, self._workers_file)
+        self._workers_seen = self._workers_file.stat().st_mtime_ns
+
+    def _follow_workers(self) -> None:
+        """Runs on the event loop while the model is loaded: the workers another process added or removed, here
+        too (a worker this process cannot reach is logged and left out)."""
+        while True:
+            try:
+                seen = self._workers_file.stat().st_mtime_ns
+                wanted = json.loads(self._workers_file.read_text()) if seen != self._workers_seen else None
+            except (OSError, ValueError):
+                wanted = None
+            if wanted is not None:
+                self._workers_seen = seen
+                mine = [row["url"] for row in self.engine.worker_rows()]
+                for url in [u for u in wanted if u not in mine]:
+                    try:
+                        self.add_worker(url, shared=False)
+                    except EngineError as exc:
+                        log.warning("grpc worker not added here", model=self.id, worker=url, reason=str(exc)[:200])
+                for url in [u for u in mine if u not in wanted]:
+                    if len(self.engine.worker_rows()) > 1:  # one stays, whatever could not be added here
+                        self.remove_worker(url, shared=False)
+            gevent.sleep(WORKERS_POLL_SECONDS)
 
     def file_changed(self) -> bool:
         """Whether the model's file was replaced or rewritten since the load: its memory map may read garbage or
@@ -244,6 +286,8 @@ class LoadedModel:
 
     def close(self) -> None:
         """Write what waits to be written; stop the model's threads and free its engine."""
+        if self._workers_watch is not None:
+            self._workers_watch.kill(block=False)
         self.write_now()
         self.scheduler.close()
         self.slot_threads.kill()

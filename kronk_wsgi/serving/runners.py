@@ -46,7 +46,8 @@ _posix_spawn = monkey.get_original("os", "posix_spawn")
 
 @dataclasses.dataclass(frozen=True)
 class RunnerFiles:
-    """The files of one model's runner, in the runner directory."""
+    """One model's files in the runner directory: its runner's, and (``workers``) the gRPC workers it was given at
+    run time."""
 
     folder: Path
     model_id: str

@@ -13,6 +13,8 @@ from source when installed).
 
 import collections
 import ctypes
+import functools
+import socket
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -39,6 +41,7 @@ _get_ident = monkey.get_original("_thread", "get_ident")
 
 BATCH = 512  # tokens in one decode call: prompt chunks plus the other slots' next tokens
 SHARED_CHUNK = 64  # prompt tokens per call beside running streams, which wait for each call
+RPC_CONNECT_SECONDS = 5.0  # an rpc-server has to accept a connection before a load gives up on it
 CANCEL_POLL_SECONDS = 0.05  # how often a slot waiting for its prompt's call asks whether it was cancelled
 # How long a call waits for the slots of the last call to come back with their next tokens
 # (they detokenize and check stops in between): long enough for that, short against a decode step.
@@ -68,6 +71,39 @@ def _start_backend() -> None:
             _log_callback = llama_cpp.llama_log_callback(_keep_errors)
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
             llama_cpp.llama_backend_init()
+
+
+def _rpc_devices(servers: Sequence[str]) -> ctypes.Array:
+    """llama.cpp's devices for ``servers`` (rpc-server processes, HOST:PORT), as a NULL-terminated array; each is
+    reached first, since llama.cpp aborts the process on one it cannot reach. EngineError if one does not answer."""
+    if not llama_cpp.llama_supports_rpc():
+        raise EngineError("rpc_servers: this llama-cpp-python was built without RPC (CMAKE_ARGS=-DGGML_RPC=ON)")
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=RPC_CONNECT_SECONDS).close()
+        except OSError as exc:
+            raise EngineError(f"rpc_servers: the rpc-server {server} does not answer ({exc})") from None
+    devices = []
+    with _backend_lock:
+        rpc, base = _rpc_libraries()
+        for server in servers:
+            registry = rpc.ggml_backend_rpc_add_server(server.encode())
+            devices += [base.ggml_backend_reg_dev_get(registry, i) for i in range(base.ggml_backend_reg_dev_count(registry))]
+    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+
+
+@functools.cache
+def _rpc_libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """ggml's RPC backend and ggml's base (its registry of devices), beside llama-cpp-python's llama.cpp."""
+    folder = Path(llama_cpp.__file__).parent / "lib"
+    rpc = ctypes.CDLL(str(folder / "libggml-rpc.so"))
+    rpc.ggml_backend_rpc_add_server.argtypes, rpc.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], ctypes.c_void_p
+    base = ctypes.CDLL(str(folder / "libggml-base.so"))
+    base.ggml_backend_reg_dev_count.argtypes, base.ggml_backend_reg_dev_count.restype = [ctypes.c_void_p], ctypes.c_size_t
+    base.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    base.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    return rpc, base
 
 
 def _live_decode_thread() -> "_DecodeThread":
@@ -554,6 +590,18 @@ class LlamaCppOptions(EngineOptions):
     """What a model may set for this engine."""
 
     gpu_layers: int = pydantic.Field(0, ge=-1)  # layers put on a GPU (-1: all)
+    # llama.cpp's rpc-server processes (HOST:PORT) the model's layers are spread over, for a model bigger than one
+    # host; then every layer goes to them unless gpu_layers says how many
+    rpc_servers: list[str] = pydantic.Field(default_factory=list)
+
+    @pydantic.field_validator("rpc_servers")
+    @classmethod
+    def _addresses(cls, servers: list[str]) -> list[str]:
+        for server in servers:
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit() or "/" in server:
+                raise ValueError(f"{server!r} is not HOST:PORT")
+        return servers
 
 
 class LlamaCppEngine(Engine):
@@ -575,6 +623,10 @@ class LlamaCppEngine(Engine):
         _start_backend()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = options.gpu_layers
+        if options.rpc_servers:
+            self._devices = _rpc_devices(options.rpc_servers)  # held as long as the model
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+            params.n_gpu_layers = options.gpu_layers or -1
         _errors.pop(_get_ident(), None)
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:

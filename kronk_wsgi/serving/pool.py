@@ -158,9 +158,10 @@ class LoadedModel:
         self.scheduler = Scheduler(model_id, slots, places, settings.max_waiting, metrics)
         engine.watch_slots(self._add_slots)
         # A model on gRPC workers: the workers added and removed at run time, in a file every worker process follows
-        self._workers_file = RunnerFiles(runner_dir(settings), model_id).path("workers")
+        remote = engine.kind.name == "grpc"
+        self._workers_file = RunnerFiles(runner_dir(settings), model_id).path("workers") if remote else None
         self._workers_seen: Optional[int] = None  # the file's modification time last followed or written here
-        self._workers_watch = gevent.spawn(self._follow_workers) if engine.kind.name == "grpc" else None
+        self._workers_watch = gevent.spawn(self._follow_workers) if remote else None
         # Whether other workers read the prompt cache's disk tier. Then an answer's state is saved as it ends, so
         # that its next turn finds it from any worker. Otherwise it stays in its slot until a prompt overwrites it
         # (Slot.reuse saves it first), the model goes or the worker stops: a next turn sent at once, which takes

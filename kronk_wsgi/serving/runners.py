@@ -31,6 +31,7 @@ import structlog
 from gevent import monkey
 
 from ..config import ModelSpec, Settings
+from ..engine import grpc_engine
 from ..engine.base import Cancelled, Engine, EngineError
 
 log = structlog.get_logger("kronk_wsgi.runners")
@@ -177,6 +178,8 @@ class RunnerLease:
 
 def runner_engine(model_id: str, spec: ModelSpec, path: Path, settings: Settings) -> Engine:
     """Blocking: the engine of a model its runner runs, the runner started if none runs."""
+    if not grpc_engine.available():
+        raise EngineError(f'runner "process" speaks gRPC to its runner: {grpc_engine.KIND.missing}')
     from .runner_engine import RunnerEngine  # gRPC is an optional extra
 
     lease = RunnerLease(model_id, spec, settings)

@@ -501,8 +501,9 @@ class GrpcEngine(Engine):
 
     def worker_rows(self) -> list[dict]:
         """Each worker in use: its URL, slots, this server's requests at it, its health (why not: ``reason``)."""
-        return [{"url": w.address if w.address.startswith("unix:") else f"grpc://{w.address}", "slots": w.slots, "running": w.running,
-                 "healthy": w.unhealthy is None and w.refused is None, "reason": w.refused or w.unhealthy}
+        return [{"url": w.address if w.address.startswith("unix:") else f"grpc://{w.address}", "slots": w.slots,
+                 "running": w.running, "healthy": w.unhealthy is None and w.refused is None,
+                 "reason": w.refused or w.unhealthy}
                 for w in self._in_use()]
 
     def _in_use(self) -> list[Worker]:

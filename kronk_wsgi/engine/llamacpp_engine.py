@@ -89,7 +89,8 @@ def _rpc_devices(servers: Sequence[str]) -> ctypes.Array:
         rpc, base = _rpc_libraries()
         for server in servers:
             registry = rpc.ggml_backend_rpc_add_server(server.encode())
-            devices += [base.ggml_backend_reg_dev_get(registry, i) for i in range(base.ggml_backend_reg_dev_count(registry))]
+            count = base.ggml_backend_reg_dev_count(registry)
+            devices += [base.ggml_backend_reg_dev_get(registry, i) for i in range(count)]
     return (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
 
 
@@ -98,9 +99,11 @@ def _rpc_libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     """ggml's RPC backend and ggml's base (its registry of devices), beside llama-cpp-python's llama.cpp."""
     folder = Path(llama_cpp.__file__).parent / "lib"
     rpc = ctypes.CDLL(str(folder / "libggml-rpc.so"))
-    rpc.ggml_backend_rpc_add_server.argtypes, rpc.ggml_backend_rpc_add_server.restype = [ctypes.c_char_p], ctypes.c_void_p
+    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
     base = ctypes.CDLL(str(folder / "libggml-base.so"))
-    base.ggml_backend_reg_dev_count.argtypes, base.ggml_backend_reg_dev_count.restype = [ctypes.c_void_p], ctypes.c_size_t
+    base.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
     base.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     base.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
     return rpc, base

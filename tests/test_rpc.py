@@ -3,18 +3,14 @@ ggml-rpc-servers on loopback, built by .ci/run from llama-cpp-python's own llama
 the same model loaded here; one that does not answer. Skipped where either is missing, unless
 KRONK_TEST_REQUIRE_RPC=1 (as in CI) makes that a failure."""
 
-import contextlib
 import json
 import os
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from kronk_wsgi.testing import free_port, run_server
+from kronk_wsgi.testing import free_port, run_rpc_server, run_server
 
 BINARY = os.environ.get("KRONK_TEST_RPC_SERVER")
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
@@ -29,29 +25,6 @@ def rpc_built():
         raise RuntimeError(f"{missing}, and KRONK_TEST_REQUIRE_RPC is set")
     if missing:
         pytest.skip(f"{missing} (.ci/run builds it: KRONK_TEST_RPC_SERVER)")
-
-
-@contextlib.contextmanager
-def rpc_server(folder: Path):
-    """A ggml-rpc-server on a free loopback port, until it accepts connections; its HOST:PORT and its log."""
-    port = free_port()
-    log = folder / f"rpc-{port}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([BINARY, "-H", "127.0.0.1", "-p", str(port), "-t", "1"], stdout=out, stderr=out)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, "the rpc-server exited"
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the rpc-server did not listen"
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}", log
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def answer(server) -> dict:
@@ -76,7 +49,7 @@ def test_a_model_spread_over_two_rpc_servers_answers_as_it_does_here(smollm2, tm
     (tmp_path / "here").mkdir()
     with run_server(tmp_path / "here", models_env(smollm2)) as server:
         expected = answer(server)
-    with rpc_server(tmp_path) as (one, one_log), rpc_server(tmp_path) as (two, two_log), \
+    with run_rpc_server(BINARY, tmp_path) as (one, one_log), run_rpc_server(BINARY, tmp_path) as (two, two_log), \
             run_server(tmp_path, models_env(smollm2, rpc_servers=[one, two])) as server:
         got = answer(server)
         assert held(one_log) and held(two_log)
@@ -86,7 +59,7 @@ def test_a_model_spread_over_two_rpc_servers_answers_as_it_does_here(smollm2, tm
 
 def test_an_rpc_server_that_does_not_answer_is_named(smollm2, tmp_path):
     gone = f"127.0.0.1:{free_port()}"
-    with rpc_server(tmp_path) as (one, _), \
+    with run_rpc_server(BINARY, tmp_path) as (one, _), \
             run_server(tmp_path, models_env(smollm2, rpc_servers=[one, gone]), ready="/v1/liveness") as server:
         reply = server.post("/v1/chat/completions", {"model": "smol", "messages": QUESTION})
         assert reply.status_code == 503, reply.text

@@ -235,6 +235,20 @@ def wait_until(check: Callable[[], object], seconds: float = 60.0, every: float 
     return found
 
 
+def wait_until_listening(proc: subprocess.Popen, port: int, seconds: float, failure: Callable[[str], str]) -> None:
+    """Connect to 127.0.0.1:``port`` until it accepts; RuntimeError, with ``failure`` of why, if ``proc`` exits
+    first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(failure(f"exited with {proc.returncode}"))
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(failure(f"not listening after {seconds} s"))
+        time.sleep(0.05)
+
+
 def _wait_until_ready(proc: subprocess.Popen, url: str, seconds: float, failure: Callable[[str], str]) -> None:
     """Poll ``url`` until it answers 200; RuntimeError, with ``failure`` of why, if ``proc`` exits first or
     ``seconds`` pass."""
@@ -250,6 +264,21 @@ def _wait_until_ready(proc: subprocess.Popen, url: str, seconds: float, failure:
         if time.monotonic() > deadline:
             raise RuntimeError(failure(f"not ready after {seconds} s"))
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def run_rpc_server(binary: str, folder: Path) -> Iterator[tuple[str, Path]]:
+    """llama.cpp's rpc-server on a free loopback port, until it accepts connections; its HOST:PORT and its log."""
+    port = free_port()
+    log = folder / f"rpc-{port}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port), "-t", "1"], stdout=out, stderr=out)
+    try:
+        wait_until_listening(proc, port, 30, lambda why: f"rpc-server {why}:\n{log.read_text()}")
+        yield f"127.0.0.1:{port}", log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,6 @@
 
 import contextlib
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from typing import Iterator, Optional, Sequence
 
 import requests
 
-from . import free_port
+from . import free_port, wait_until_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,13 +48,7 @@ def run_nginx(tmp_path: Path, upstream_ports: Sequence[int], read_timeout: Optio
     """)
     proc = subprocess.Popen(["nginx", "-c", str(main), "-p", str(tmp_path)], stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "nginx did not start"
-            time.sleep(0.05)
+        wait_until_listening(proc, port, 30, lambda why: f"nginx {why}: {proc.stderr.read().decode()}")
         yield f"http://127.0.0.1:{port}", port
     finally:
         proc.terminate()

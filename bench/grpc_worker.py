@@ -38,7 +38,7 @@ def streams_at_once(url: str, tokens: int, count: int, one_stream) -> float:
     return sum(r["completion_tokens"] for r in results) / (time.perf_counter() - started)
 
 
-def _conversations(url: str, label: str, chat_turn) -> float:
+def conversations_cached(url: str, label: str, chat_turn) -> float:
     """Six conversations of three turns, in turn; the share of later turns' prompts served from a cache."""
     documents = [f"A document about {topic} ({label}). " + " ".join(
         f"Fact {i} about {topic} is worth knowing." for i in range(70)) for topic in TOPICS]
@@ -97,9 +97,9 @@ def grpc_side_by_side(tokens: int, rounds: int, one_stream, chat_turn,
         shares = {}
         for policy in ("cache_aware", "round_robin"):
             with run_smg(worker_urls, "bench", ["--policy", policy], log=workdir / f"smg-{policy}.log") as url:
-                shares[f"SMG {policy}"] = _conversations(url, f"SMG {policy}", chat_turn)
+                shares[f"SMG {policy}"] = conversations_cached(url, f"SMG {policy}", chat_turn)
             with run_server(workdir, _front_env(worker_urls, policy)) as server:
-                shares[f"kronk {policy}"] = _conversations(server.url, f"kronk {policy}", chat_turn)
+                shares[f"kronk {policy}"] = conversations_cached(server.url, f"kronk {policy}", chat_turn)
     (workdir / "latest.json").write_text(json.dumps({"runs": runs, "aggregate": aggregate, "shares": shares},
                                                     indent=2))
 

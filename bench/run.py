@@ -854,8 +854,7 @@ def main() -> None:
         "agent": agent_prompt, "next_turns": lambda: next_turns(args.llama_server, args.rounds), "balancers": lambda: balancers_side_by_side(args.tokens, args.rounds),
         "speculative": lambda: speculative_side_by_side(args.tokens, args.llama_server, args.rounds),
         "grpc": lambda: grpc_side_by_side(args.tokens, args.rounds, one_stream, chat_turn, args.worker_url),
-        "runner": lambda: runners_side_by_side(args.tokens, args.rounds, args.llama_server, one_stream, chat_turn,
-                                               streams_at_once),
+        "runner": lambda: runners_side_by_side(args.tokens, args.rounds, args.llama_server, one_stream, chat_turn),
     }
     for name, run in chosen.items():
         if getattr(args, name):

@@ -1,11 +1,12 @@
 """A model in a runner process against the same model inline, and against llama-server, side by side.
 
 SmolLM2 on llama.cpp, 4 slots, two cores. Servers: inline with one worker (4 slots, 2 threads), inline with two
-workers (2 slots and 1 thread each), a runner behind two workers (the runner's 4 slots, 2 threads), and
-llama-server (-np 4 -t 2) if given. In turns, order alternating each round: one stream of ``tokens`` (tokens/s,
+workers (2 slots and 1 thread each), a runner behind one worker and behind two (the runner's 4 slots, 2 threads),
+and llama-server (-np 4 -t 2) if given. In turns, order alternating each round: one stream of ``tokens`` (tokens/s,
 time to first token), four streams at once (aggregate tokens/s), a ~1,100-token prompt and then the same prompt
 plus a few words sent as soon as the answer arrived (the next turn's time to first token), and the resident
-memory of the server's processes (gunicorn's workers, the runner). ``bench/run.py --runner [--tokens 200]
+memory of the server's processes (gunicorn's workers, the runner). Then six conversations of three turns behind two
+workers with two slots in all, through a runner and inline (the share of later turns read from a cache). ``bench/run.py --runner [--tokens 200]
 [--rounds 3] [--llama-server PATH]`` runs it.
 """
 
@@ -17,6 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Callable, Optional
 
+from grpc_worker import conversations_cached, streams_at_once
 from kronk_wsgi.testing import fetch_smollm2, run_llama_server, run_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,8 +42,26 @@ def _resident_mb(server_pid: int, runner_dir: Optional[Path]) -> float:
     return total / 1000
 
 
+def _conversations_on_two_slots(workdir: Path, model: dict, chat_turn: Callable) -> dict[str, float]:
+    """Six conversations of three turns behind two gunicorn workers with two slots in all, through a runner and
+    inline: the share of later turns' prompts served from a cache, by server."""
+    configs = {
+        "runner": {"KRONK_MODELS": json.dumps({"bench": {**model, "runner": "process"}}), "KRONK_PARALLEL": 2,
+                   "KRONK_THREADS": 2, "KRONK_RUNNER_DIR": str(workdir / "runner-dir-conversations")},
+        "inline": {"KRONK_MODELS": json.dumps({"bench": model}), "KRONK_PARALLEL": 1, "KRONK_THREADS": 1},
+    }
+    shares = {}
+    for name, env in configs.items():
+        folder = workdir / f"conversations, {name}"
+        folder.mkdir()
+        with run_server(folder, {**env, "KRONK_WORKERS": 2, "KRONK_PROMPT_CACHE_DIR": str(folder / "prompt-cache")}
+                        ) as server:
+            shares[name] = conversations_cached(server.url, name, chat_turn)
+    return shares
+
+
 def runners_side_by_side(tokens: int, rounds: int, llama_server: Optional[str], one_stream: Callable,
-                         chat_turn: Callable, streams_at_once: Callable) -> list[tuple[str, str]]:
+                         chat_turn: Callable) -> list[tuple[str, str]]:
     path = fetch_smollm2()
     workdir = ROOT / "bench" / "results" / "runners"
     shutil.rmtree(workdir, ignore_errors=True)
@@ -51,9 +71,11 @@ def runners_side_by_side(tokens: int, rounds: int, llama_server: Optional[str], 
         "inline, 1 worker": {"KRONK_MODELS": json.dumps({"bench": model}), "KRONK_PARALLEL": 4, "KRONK_THREADS": 2},
         "inline, 2 workers": {"KRONK_MODELS": json.dumps({"bench": model}), "KRONK_PARALLEL": 2, "KRONK_THREADS": 1,
                               "KRONK_WORKERS": 2},
+        "runner, 1 worker": {"KRONK_MODELS": json.dumps({"bench": {**model, "runner": "process"}}),
+                             "KRONK_PARALLEL": 4, "KRONK_THREADS": 2, "KRONK_RUNNER_DIR": str(workdir / "runner-dir-1")},
         "runner, 2 workers": {"KRONK_MODELS": json.dumps({"bench": {**model, "runner": "process"}}),
                               "KRONK_PARALLEL": 4, "KRONK_THREADS": 2, "KRONK_WORKERS": 2,
-                              "KRONK_RUNNER_DIR": str(workdir / "runner-dir")},
+                              "KRONK_RUNNER_DIR": str(workdir / "runner-dir-2")},
     }
     results: dict[str, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
@@ -63,7 +85,7 @@ def runners_side_by_side(tokens: int, rounds: int, llama_server: Optional[str], 
             server = stack.enter_context(run_server(workdir / name, {
                 **env, "KRONK_PROMPT_CACHE_DIR": str(workdir / name / "prompt-cache")}))
             urls[name] = server.url
-            memory[name] = (server.proc.pid, workdir / "runner-dir" if "KRONK_RUNNER_DIR" in env else None)
+            memory[name] = (server.proc.pid, Path(env["KRONK_RUNNER_DIR"]) if "KRONK_RUNNER_DIR" in env else None)
         if llama_server:
             urls["llama-server"] = stack.enter_context(
                 run_llama_server(llama_server, path, ["-np", "4", "-t", "2", "-c", str(CONTEXT * 4)]))
@@ -84,6 +106,7 @@ def runners_side_by_side(tokens: int, rounds: int, llama_server: Optional[str], 
                 measured.setdefault("next_turn_s", []).append(then["ttft_s"])
         for name, (pid, runner_dir) in memory.items():
             results[name]["resident_mb"] = [_resident_mb(pid, runner_dir)]
+    shares = _conversations_on_two_slots(workdir, model, chat_turn)
     (workdir / "latest.json").write_text(json.dumps(results, indent=2))
     median = {name: {key: statistics.median(values) for key, values in measured.items()}
               for name, measured in results.items()}
@@ -100,6 +123,10 @@ def runners_side_by_side(tokens: int, rounds: int, llama_server: Optional[str], 
         ("runner + 2 workers / 2 inline workers: resident memory",
          f"{runner['resident_mb'] / inline2['resident_mb']:.2f}"),
     ]
+    rows += [("runner, 2 workers / runner, 1 worker: 4 streams tokens/s",
+              f"{runner['four_streams'] / median['runner, 1 worker']['four_streams']:.2f}")]
+    rows += [(f"six conversations on 2 slots, {name}: later turns' prompt served from a cache (goal >= 95%)",
+              f"{100 * share:.0f}%") for name, share in shares.items()]
     if llama_server:
         server = median["llama-server"]
         for name in configs:

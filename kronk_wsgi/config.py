@@ -54,6 +54,43 @@ class Speculative(BaseModel):
         return self
 
 
+class ModelSampling(BaseModel):
+    """A model's own sampling defaults, used where a request is silent (llama-server's names, as in its flags and
+    a GGUF file's ``general.sampling.*``); a field left out keeps the file's value, else the protocol's default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: Optional[float] = Field(None, ge=0)
+    top_k: Optional[int] = Field(None, ge=0)
+    top_p: Optional[float] = Field(None, ge=0, le=1)
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    repeat_penalty: Optional[float] = Field(None, gt=0)
+    repeat_last_n: Optional[int] = Field(None, ge=-1)  # -1: the whole context
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    seed: Optional[int] = None  # a request without a seed draws with this one (llama-server's --seed)
+
+    def over_file(self, written: Mapping[str, Any]) -> tuple["ModelSampling", list[str]]:
+        """These settings over a model file's own (``general.sampling.*`` by the keys' last part), and the file's
+        keys this server does not apply: samplers it lacks (XTC, Mirostat), an order, a value out of bounds."""
+        taken, left = {}, []
+        for key, value in written.items():
+            name = FILE_SAMPLING.get(key)
+            try:
+                if name is None:
+                    raise ValueError(key)
+                taken[name] = getattr(ModelSampling(**{name: value}), name)
+            except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+                left.append(key)
+        given = self.model_dump(exclude_none=True)
+        return ModelSampling(**{**taken, **given}), sorted(left)
+
+
+# A GGUF file's general.sampling keys (their last part) that this server's sampler applies, by ModelSampling's names
+FILE_SAMPLING = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                 "penalty_repeat": "repeat_penalty", "penalty_last_n": "repeat_last_n"}
+
+
 class ModelSpec(BaseModel):
     """One served model: where its file comes from and how to run it."""
 
@@ -83,6 +120,7 @@ class ModelSpec(BaseModel):
     engine_options: dict[str, Any] = Field(default_factory=dict)
     # Off unless given: on these machines it pays only where replies repeat the prompt (docs/BENCHMARKS.rst)
     speculative: Optional[Speculative] = None
+    sampling: ModelSampling = Field(default_factory=ModelSampling)
     # "inline": the engine runs in each worker process; "process": in one runner process per host, which every
     # worker process's requests share (its slots, its batches, its prompt cache), over a Unix socket
     runner: Literal["inline", "process"] = "inline"

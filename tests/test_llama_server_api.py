@@ -307,3 +307,54 @@ def test_any_model_name_is_served_by_the_default_model_when_asked(smollm2, tmp_p
         assert wait_until(chat_logged)[-1]["model"] == "smollm2"  # logged (after the reply) by the model that served it
     with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models)}) as server:
         assert server.post("/v1/chat/completions", chat).status_code == 404
+
+
+# The sampling a model's author recommends, written into its file as llama.cpp's converter writes it: greedy, so
+# that a request silent on sampling gets the same tokens from both servers.
+FILE_SAMPLING = {"temp": Field(6, 0.0), "top_k": Field(5, 20), "top_p": Field(6, 0.875), "min_p": Field(6, 0.125),
+                 "penalty_repeat": Field(6, 1.0), "xtc_probability": Field(6, 0.0)}
+
+
+@pytest.fixture(scope="module")
+def sampling_model(smollm2, tmp_path_factory) -> Path:
+    source = read_gguf(smollm2)
+    fields = {**source.fields, **{f"general.sampling.{key}": field for key, field in FILE_SAMPLING.items()}}
+    path = tmp_path_factory.mktemp("sampling") / "smollm2-sampling.gguf"
+    write_gguf_copy(source, path, fields, {})
+    return path
+
+
+def test_a_models_own_sampling_is_what_a_silent_request_gets(sampling_model, tmp_path):
+    """The file's general.sampling values are the defaults, as llama-server reads them: shown in /props, and used
+    where a request sets no sampling (greedy here, so both servers write the same tokens); a request's own
+    values still win, and a model's setting wins over its file."""
+    if not BINARY:
+        pytest.skip("llama-server is not built here (.ci/run builds it: KRONK_TEST_LLAMA_SERVER)")
+    configured = {"path": str(sampling_model), "engine": "llama.cpp", "context_length": CONTEXT}
+    models = {"filed": configured, "set": {**configured, "sampling": {"top_k": 7, "seed": 11}}}
+    silent = {"prompt": "The three primary colors are", "n_predict": 12, "return_tokens": True}
+    with run_server(tmp_path, {"KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "filed"}) as server, \
+            run_llama_server(BINARY, sampling_model, ["-c", str(CONTEXT), "-np", "1", "-t", "1", "--no-webui"]) as theirs:
+        mine, reference = (requests.get(url + "/props", timeout=30).json()["default_generation_settings"]["params"]
+                           for url in (server.url, theirs))
+        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"):
+            assert mine[name] == pytest.approx(reference[name]), name
+        assert (mine["temperature"], mine["top_k"], mine["top_p"]) == (0, 20, 0.875)
+        answers = [requests.post(url + "/completion", json=silent, timeout=120).json() for url in (server.url, theirs)]
+        assert answers[0]["tokens"] == answers[1]["tokens"] and len(answers[0]["tokens"]) == 12
+
+        def chat(model: str, **fields) -> str:
+            body = {"model": model, "messages": [{"role": "user", "content": "Name a color."}], "max_tokens": 16,
+                    **fields}
+            reply = requests.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            return reply.json()["choices"][0]["message"]["content"]
+
+        assert chat("filed") == chat("filed") == chat("filed", temperature=0)
+        assert chat("filed", temperature=1.5, seed=3) != chat("filed")
+        props = requests.get(server.url + "/props", params={"model": "set"}, timeout=30).json()
+        params = props["default_generation_settings"]["params"]
+        assert (params["top_k"], params["temperature"], params["seed"]) == (7, 0, 11)
+        shown = requests.post(server.url + "/api/show", json={"model": "set"}, timeout=30).json()["parameters"]
+        parameters = dict(line.split(None, 1) for line in shown.splitlines())
+        assert (parameters["temperature"], parameters["top_k"], parameters["seed"]) == ("0.0", "7", "11")

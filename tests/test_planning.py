@@ -4,8 +4,8 @@ import pytest
 
 from kronk_wsgi.api.errors import ApiError
 from kronk_wsgi.api.planning import GenerationRequest, ReplyFormat, ToolUse, check, plan
-from kronk_wsgi.config import ModelSpec, Settings
-from kronk_wsgi.engine.sampling import SamplingParams
+from kronk_wsgi.config import ModelSampling, ModelSpec, Settings
+from kronk_wsgi.engine.sampling import WHOLE_CONTEXT, SamplingParams
 from kronk_wsgi.metrics import Metrics
 from kronk_wsgi.serving.pool import ModelPool
 
@@ -17,7 +17,8 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest.fixture(scope="module")
 def pool(tiny_model):
     models = {"tiny": ModelSpec(path=str(tiny_model)), "plain": ModelSpec(path=str(tiny_model), chat_template="plain"),
-              "short": ModelSpec(path=str(tiny_model), max_tokens=20)}
+              "short": ModelSpec(path=str(tiny_model), max_tokens=20),
+              "tuned": ModelSpec(path=str(tiny_model), sampling={"temperature": 0.25, "top_k": 9, "repeat_last_n": -1})}
     pool = ModelPool(Settings(models=models, default_model="tiny", threads=1), Metrics())
     yield pool
     for model in pool.loaded():
@@ -51,6 +52,25 @@ def test_a_models_max_tokens_bounds_the_replies_whose_requests_set_none(pool):
         assert plan(short, GenerationRequest("short", prompt_param="messages", messages=ASK)).decode.max_tokens == 20
         asked = plan(short, GenerationRequest("short", prompt_param="messages", messages=ASK, max_tokens=50))
         assert asked.decode.max_tokens == 50  # the request's own limit, as llama-server's n_predict overrides -n
+
+
+def test_a_models_sampling_fills_what_a_request_left_to_its_protocols_default(pool):
+    with pool.use("tuned") as tuned:
+        asked = SamplingParams(temperature=0.8, top_k=40, seed=5)
+        request = GenerationRequest("tuned", prompt_param="messages", messages=ASK, sampling=asked,
+                                    sampling_defaulted=frozenset({"top_k", "repetition_window", "seed"}))
+        sampling = plan(tuned, request).decode.sampling
+        assert (sampling.temperature, sampling.top_k, sampling.seed) == (0.8, 9, 5)  # no seed in the model's
+        assert sampling.repetition_window == WHOLE_CONTEXT
+        silent = plan(tuned, GenerationRequest("tuned", prompt_param="messages", messages=ASK, sampling=asked))
+        assert silent.decode.sampling == asked  # nothing left to the defaults: the request's own, whole
+
+
+def test_a_models_sampling_setting_goes_over_its_files_and_names_what_it_cannot_apply():
+    sampling, left = ModelSampling(top_k=5).over_file(
+        {"temp": 0.6, "top_k": 20, "top_p": 7.0, "penalty_last_n": 32, "mirostat": 2, "sequence": "top_k;temp"})
+    assert (sampling.temperature, sampling.top_k, sampling.top_p, sampling.repeat_last_n) == (0.6, 5, None, 32)
+    assert left == ["mirostat", "sequence", "top_p"]  # no such sampler, an order, a value out of bounds
 
 
 def test_raw_prompts_each_get_n_replies(tiny):

@@ -14,12 +14,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import jsonschema
 import jsonschema.protocols
 
+from ..config import ModelSampling
 from ..engine.base import shared_prefix
 from ..engine.chat_template import ChatTemplate, ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
 from ..engine.grammar import (Grammar, GrammarError, bounded_integers, ebnf_grammar, json_schema_grammar, lark_after,
                               lark_json)
-from ..engine.sampling import SamplingParams, sampling_problem
+from ..engine.sampling import WHOLE_CONTEXT, SamplingParams, sampling_problem
 from ..engine.speculation import Speculation
 from ..serving import offload
 from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
@@ -152,6 +153,8 @@ class GenerationRequest:
     # Variables the chat template reads (chat_template_kwargs, reasoning_effort), as the client named them.
     template_vars: Optional[Mapping[str, Any]] = None
     sampling: SamplingParams = SamplingParams()
+    # The sampling fields the request left to its protocol's default: the model's own default takes their place
+    sampling_defaulted: frozenset[str] = frozenset()
     stop: tuple[str, ...] = ()
     max_tokens: Optional[int] = None
     max_tokens_param: str = "max_tokens"
@@ -257,7 +260,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         end_ids=stop_ids | (frozenset() if ending.ignore_eos else model.end_ids), min_tokens=ending.min_tokens,
         end_texts=() if ending.ignore_eos else model.end_texts,
         max_tokens=limit,
-        sampling=_sampling(model, request.sampling), stop=request.stop, shown=reading.shown(tokenizer),
+        sampling=_sampling(model, request), stop=request.stop, shown=reading.shown(tokenizer),
         grammar=_grammar(model, grammar_text, grammar_after, request), constrain_after=grammar_after,
         thinking_close=reading.reasoning.close if reading.inside_thinking else "",
         thinking_budget=request.thinking_budget, top_logprobs=request.top_logprobs, token_ids=request.token_ids,
@@ -538,9 +541,26 @@ def _grammar(model: LoadedModel, text: Optional[str], after: str, request: Gener
         raise invalid(f"the schema cannot be enforced: {exc}", param=param) from None
 
 
-def _sampling(model: LoadedModel, sampling: SamplingParams) -> SamplingParams:
-    """The sampling parameters; 400 for a value the sampler cannot take, or a logit bias naming a token outside the
-    model's vocabulary."""
+# A model's sampling settings (ModelSampling; Ollama's and llama-server's names) by the sampling parameter each sets
+MODEL_SAMPLING = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "repeat_penalty": "repetition_penalty", "repeat_last_n": "repetition_window",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed"}
+
+
+def model_defaults(sampling: ModelSampling) -> dict[str, Any]:
+    """A model's sampling settings as the sampling parameters they set."""
+    found = {MODEL_SAMPLING[name]: value for name, value in sampling.model_dump(exclude_none=True).items()}
+    if found.get("repetition_window") == -1:
+        found["repetition_window"] = WHOLE_CONTEXT
+    return found
+
+
+def _sampling(model: LoadedModel, request: GenerationRequest) -> SamplingParams:
+    """The sampling parameters, the model's defaults where the request is silent; 400 for a value the sampler
+    cannot take, or a logit bias naming a token outside the model's vocabulary."""
+    defaults = {name: value for name, value in model_defaults(model.sampling).items()
+                if name in request.sampling_defaulted}
+    sampling = dataclasses.replace(request.sampling, **defaults)
     problem = sampling_problem(sampling)
     if problem is not None:
         name, why = problem

@@ -1,7 +1,7 @@
 """Request bodies, validated strictly: wrong types and unknown fields are 400s, never guesses."""
 
 import json
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -263,6 +263,17 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty", "seed")
+
+
+def left_out(body: BaseModel, fields: Mapping[str, str]) -> frozenset[str]:
+    """The sampling parameters whose fields (``fields``: the body's name of each, then the parameter's) the body
+    left out or sent as null: the model's defaults take their place."""
+    return frozenset(param for name, param in fields.items()
+                     if name not in body.model_fields_set or getattr(body, name) is None)
+
+
 class SamplingFields(Strict):
     """Sampling fields shared by the OpenAI endpoints; top_k, min_p and repetition_penalty are extensions."""
 
@@ -299,6 +310,9 @@ class SamplingFields(Strict):
             repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, logit_bias=tuple(bias), seed=self.seed,
         )
+
+    def sampling_defaulted(self) -> frozenset[str]:
+        return left_out(self, {name: name for name in SAMPLING_FIELDS})
 
     def stop_sequences(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -448,7 +462,7 @@ class ChatCompletionRequest(SamplingFields):
             continue_final=self.continue_final_message or not self.add_generation_prompt,
             thinking=self._thinking(), template_vars=template_variables(self.reasoning_effort, self.chat_template_kwargs),
             reasoning_apart=self.reasoning_format != "none",
-            sampling=self.sampling(), stop=self.stop_sequences(),
+            sampling=self.sampling(), sampling_defaulted=self.sampling_defaulted(), stop=self.stop_sequences(),
             max_tokens=self.max_completion_tokens or self.max_tokens,
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
             top_logprobs=(self.top_logprobs or 0) if self.logprobs else None, ending=Ending(ignore_eos=self.ignore_eos),

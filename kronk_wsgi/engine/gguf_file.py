@@ -91,6 +91,12 @@ class GGUFFile:
     def chat_template(self) -> Optional[str]:
         return self.get("tokenizer.chat_template")
 
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling its author recommends (``general.sampling.*``), by the keys' last part: ``temp``, ``top_k``..."""
+        prefix = "general.sampling."
+        return {key[len(prefix):]: field.value for key, field in self.fields.items() if key.startswith(prefix)}
+
     def tensor(self, name: str) -> Optional[TensorInfo]:
         return next((t for t in self.tensors if t.name == name), None)
 

@@ -34,6 +34,8 @@ class SamplingParams:
     repetition_window: int = 64  # tokens the repetition penalty looks back over, the prompt's included
 
 
+WHOLE_CONTEXT = 1 << 30  # a repetition window that covers any context (a -1 in llama-server's and Ollama's APIs)
+
 # The largest and smallest 1/temperature a float32 holds: a lower temperature is as good as greedy, with ties
 # drawn; a higher one as flat as the draw's precision makes any.
 MAX_INVERSE_TEMPERATURE = float(np.finfo(np.float32).max)

@@ -25,10 +25,11 @@ from gevent.threadpool import ThreadPool
 
 from .. import hub
 from ..catalog import Progress, check_engine_options, load_engine, local_file, model_file
-from ..config import ConfigError, ModelSpec, Settings
+from ..config import ConfigError, ModelSampling, ModelSpec, Settings
 from ..describe import footprint
 from ..engine.base import DraftSlot, Engine, EngineError, Slot
 from ..engine.chat_template import ChatTemplate
+from ..engine.gguf_file import BadModelFile, is_gguf, read_gguf
 from ..engine.prompt_cache import PromptCache
 from ..engine.speculation import Speculation, shared_vocabulary
 from ..metrics import Metrics
@@ -103,14 +104,15 @@ def _stamp(path: Optional[Path]) -> Optional[tuple[int, int]]:
 
 @dataclasses.dataclass(frozen=True)
 class ModelParts:
-    """What loading a model made, in a worker thread: its engine, its chat template, its slots, its file and the
-    draft model its slots draft with, if its setting names one."""
+    """What loading a model made, in a worker thread: its engine, its chat template, its slots, its file, the
+    draft model its slots draft with, if its setting names one, and its sampling defaults."""
 
     engine: Engine
     template: ChatTemplate
     slots: list[Slot]
     path: Optional[Path] = None
     draft_engine: Optional[Engine] = None
+    sampling: ModelSampling = dataclasses.field(default_factory=ModelSampling)
 
 
 class LoadedModel:
@@ -145,6 +147,7 @@ class LoadedModel:
         self.end_ids = engine.tokenizer.end_ids | ({token} if token is not None else set())
         self.end_texts: tuple[str, ...] = ((closing,) if closing and token is None else ()) + tuple(spec.stop)
         self.max_tokens = spec.max_tokens  # a reply's length where its request sets none: the model's setting
+        self.sampling = parts.sampling  # how its tokens are drawn where a request is silent
         # How replies are drafted, unless a request says otherwise: the model's setting
         speculative = spec.speculative
         self.speculation = (Speculation(speculative.n_max, speculative.n_min, speculative.p_min)
@@ -589,7 +592,8 @@ class ModelPool:
             cache = PromptCache(identity, ram, self.settings.prompt_cache_path(), disk)
             for slot in slots:
                 slot.state_cache = cache
-        return ModelParts(engine, template, slots, local_file(spec), draft_engine)
+        path = local_file(spec)
+        return ModelParts(engine, template, slots, path, draft_engine, model_sampling(model_id, spec, path))
 
     def _load_draft(self, model_id: str, path: Path, engine: Engine, slots: list[Slot]) -> Engine:
         """The draft model at ``path``, loaded beside the model: a slot of its own for each of its slots, of the same
@@ -610,3 +614,15 @@ class ModelPool:
         for slot, draft_slot in zip(slots, draft_slots):
             slot.draft = DraftSlot(draft_slot, vocabulary)
         return draft
+
+
+def model_sampling(model_id: str, spec: ModelSpec, path: Optional[Path]) -> ModelSampling:
+    """A model's sampling defaults: its setting over its GGUF file's own; the file's that do not apply are logged."""
+    try:
+        written = read_gguf(path).sampling if path is not None and path.is_file() and is_gguf(path) else {}
+    except (OSError, BadModelFile):
+        written = {}
+    sampling, left = spec.sampling.over_file(written)
+    if left:
+        log.info("model file sampling not applied", model=model_id, keys=left)
+    return sampling

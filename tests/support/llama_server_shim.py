@@ -19,12 +19,17 @@ from pathlib import Path
 
 # Flags with a value, and flags without one, that have no meaning here: what they set is this server's way already
 # (Jinja templates, metrics and slots always on, one model loaded and kept) or is not taken (GPU layers, LoRA).
-VALUED = {"--temp", "--seed", "--batch-size", "--ubatch-size", "-ctk", "-ctv", "-fa", "--n-gpu-layers", "--pooling",
+VALUED = {"--batch-size", "--ubatch-size", "-ctk", "-ctv", "-fa", "--n-gpu-layers", "--pooling",
           "--reasoning-format", "--reasoning", "--grp-attn-n", "--grp-attn-w", "--tags", "--cache-ram",
           "--sleep-idle-seconds", "--lora", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
           "--model-draft", "--mmproj-url", "--media-path", "--models-dir", "--models-max", "--models-preset",
           "--cors-origins", "--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json",
           "--slot-save-path", "--spec-synth-len", "--spec-synth-rates", "--model-url"}
+# llama-server's sampling flags: the model's sampling defaults, by their names there
+SAMPLING = {"--temp": ("temperature", float), "--seed": ("seed", int), "--top-k": ("top_k", int),
+            "--top-p": ("top_p", float), "--min-p": ("min_p", float), "--repeat-penalty": ("repeat_penalty", float),
+            "--repeat-last-n": ("repeat_last_n", int), "--presence-penalty": ("presence_penalty", float),
+            "--frequency-penalty": ("frequency_penalty", float)}
 FLAGS = {"--offline", "--cont-batching", "--embedding", "--reranking", "--metrics", "--kv-unified", "--swa-full",
          "--slots", "--no-slots", "--verbose", "--context-shift", "--no-ui", "--no-webui", "--no-models-autoload",
          "--jinja", "--no-jinja", "--no-mmproj", "--no-cache-idle-slots", "--ui-mcp-proxy", "--backend_sampling"}
@@ -66,6 +71,9 @@ def main(argv: list[str]) -> None:
         spec["context_length"] = int(options["--ctx-size"]) // parallel  # llama-server's context is all slots'
     if int(options.get("--n-predict", "-1")) > 0:
         spec["max_tokens"] = int(options["--n-predict"])  # a reply's length where its request sets none
+    sampling = {SAMPLING[flag][0]: SAMPLING[flag][1](value) for flag, value in options.items() if flag in SAMPLING}
+    if sampling:
+        spec["sampling"] = sampling
     if "--chat-template-file" in options:
         spec["chat_template"] = Path(options["--chat-template-file"]).read_text()
     elif "--chat-template" in options:
@@ -80,7 +88,7 @@ def main(argv: list[str]) -> None:
         env["KRONK_THREADS"] = options["--threads"]
     unknown = sorted(set(options) - {"--port", "--host", "--model", "--hf-repo", "--hf-file", "--alias",
                                      "--parallel", "--ctx-size", "--n-predict", "--chat-template",
-                                     "--chat-template-file", "--api-key", "--threads"})
+                                     "--chat-template-file", "--api-key", "--threads", *SAMPLING})
     print(f"llama_server_shim: left {left + unknown}", file=sys.stderr, flush=True)
     host = options.get("--host", "127.0.0.1").split(",")[0]
     server = subprocess.Popen([sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind",

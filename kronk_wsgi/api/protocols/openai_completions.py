@@ -65,7 +65,8 @@ class CompletionRequest(SamplingFields):
         """What the body asks for, as the planner takes it."""
         return GenerationRequest(
             self.model, prompt_param="prompt", prompts=self.prompts(), n=self.n, sampling=self.sampling(),
-            stop=self.stop_sequences(), max_tokens=self.max_completion_tokens or self.max_tokens,
+            sampling_defaulted=self.sampling_defaulted(), stop=self.stop_sequences(),
+            max_tokens=self.max_completion_tokens or self.max_tokens,
             top_logprobs=self.logprobs, ending=Ending(ignore_eos=self.ignore_eos),
             reply_format=grammar_fields(self.grammar, self.json_schema),
         )

@@ -11,7 +11,7 @@ from pydantic import Discriminator, Field, Tag
 
 from ....engine.sampling import SamplingParams
 from ...planning import GenerationRequest, ReplyFormat, ToolUse
-from ...schemas import FunctionName, Strict, template_tool, template_tool_call, template_variables
+from ...schemas import FunctionName, Strict, left_out, template_tool, template_tool_call, template_variables
 
 
 class CacheControl(Strict):
@@ -429,6 +429,7 @@ class MessagesRequest(CountTokensRequest):
             thinking=self.thinking_switch(), template_vars=template_variables(self.effort()),
             thinking_budget=self.thinking.budget_tokens if isinstance(self.thinking, ThinkingEnabled) else None,
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p or 1.0, top_k=self.top_k or 0),
+            sampling_defaulted=left_out(self, {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}),
             stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens, not_offered=self.not_offered(),
             cache_breaks=self.cache_breaks(ends, int(messages[0]["role"] == "system")),
         )

@@ -1,13 +1,14 @@
 """llama-server's request bodies, field by field as its API defines them: each taken with its meaning here, or
 refused by name when this server cannot honour the value given."""
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Self, Union
 
 import pydantic
 from pydantic import Field
 
 from ....engine.sampling import SamplingParams
 from ...ranking import Documents
+from ....config import ModelSampling
 from ...schemas import ChatMessage, ChatTool, Strict
 
 # llama-server's samplers, in the one order this server applies the ones it has (penalties come first here).
@@ -100,6 +101,13 @@ class Sampling(Strict):
             raise ValueError(f"samplers: this server applies its samplers once each, in the order "
                              f"{', '.join(SAMPLER_ORDER)}")
         return tuple(chain)
+
+    def with_model_defaults(self, sampling: ModelSampling) -> Self:
+        """These fields with a model's sampling defaults in place of those left out, as llama-server takes its
+        defaults from the model (and echoes them)."""
+        given = self.model_fields_set
+        return self.model_copy(update={name: value for name, value in sampling.model_dump(exclude_none=True).items()
+                                       if name not in given})
 
     def sampling(self, bias: tuple[tuple[int, float], ...], window: int) -> SamplingParams:
         """The sampling parameters (``bias`` the logit bias as token ids, ``window`` the tokens the penalties look

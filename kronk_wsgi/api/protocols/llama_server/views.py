@@ -127,6 +127,7 @@ def _complete(body: CompletionBody, build) -> Any:
     model_id = _model(body.model)
     with use_model(model_id) as model:
         tokenizer, context = model.engine.tokenizer, model.engine.context_length
+        body = body.with_model_defaults(model.sampling)
 
         def prepare() -> tuple[list[list[int]], tuple[tuple[int, float], ...], list[str]]:
             built = build(tokenizer, context)
@@ -235,7 +236,7 @@ def rerank():
 
 
 def _slot_settings(model: LoadedModel) -> dict:
-    defaults = CompletionBody(prompt="")
+    defaults = CompletionBody(prompt="").with_model_defaults(model.sampling)
     return {"id": 0, "id_task": -1, "n_ctx": model.engine.context_length, "speculative": model.speculation is not None,
             "is_processing": False, "params": generation_settings(defaults, model.id, model.engine.context_length),
             "prompt": "", "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1,

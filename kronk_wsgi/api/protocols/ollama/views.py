@@ -7,14 +7,14 @@ from typing import Any, Optional
 from flask import Response, jsonify
 
 from ....engine.chat_template import fill_in_middle
-from ....engine.sampling import SamplingParams
+from ....engine.sampling import WHOLE_CONTEXT, SamplingParams
 from ....serving.reasoning import reasons
 from ...body import parse_body
 from ...errors import ApiError, invalid
-from ...planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse, Window
+from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse, Window
 from ...ranking import document_text, rank
 from ...response import respond, run_to_end
-from ...schemas import template_tool, template_variables
+from ...schemas import left_out, template_tool, template_variables
 from ...sessions import start_embedding, start_generation, use_model
 from ...state import record, state
 from .encoder import OllamaEncoder
@@ -70,7 +70,7 @@ def sampling(options: Options) -> SamplingParams:
         min_p=options.min_p or 0.0,
         repetition_penalty=DEFAULTS.repetition_penalty if options.repeat_penalty is None else options.repeat_penalty,
         presence_penalty=options.presence_penalty or 0.0, frequency_penalty=options.frequency_penalty or 0.0,
-        seed=options.seed, repetition_window=64 if window is None else (1 << 30 if window == -1 else window),
+        seed=options.seed, repetition_window=64 if window is None else (WHOLE_CONTEXT if window == -1 else window),
     )
 
 
@@ -106,6 +106,7 @@ def generation_request(body: Generating, model_id: str, **prompt: Any) -> Genera
     max_tokens = options.num_predict if options.num_predict and options.num_predict > 0 else None
     return GenerationRequest(
         model_id, reply_format=reply_format(body.format), sampling=sampling(options),
+        sampling_defaulted=left_out(options, MODEL_SAMPLING),  # a model's settings have Ollama's names
         stop=tuple(options.stop or ()), max_tokens=max_tokens, max_tokens_param="options.num_predict",
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         window=None if options.num_ctx is None else Window(options.num_ctx, "options.num_ctx"),

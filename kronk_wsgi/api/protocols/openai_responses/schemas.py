@@ -11,8 +11,8 @@ from ....serving.formats import custom_arguments
 from ...planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
 from ...schemas import (
     CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
-    ServiceTier, Strict, User, json_object, refuse_given, template_role, template_tool, template_tool_call,
-    template_variables,
+    ServiceTier, Strict, User, json_object, left_out, refuse_given, template_role, template_tool,
+    template_tool_call, template_variables,
 )
 
 
@@ -356,6 +356,7 @@ class ResponsesRequest(Strict):
             template_vars=template_variables(effort), truncate=self.truncation == "auto",
             not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
+            sampling_defaulted=left_out(self, {"temperature": "temperature", "top_p": "top_p"}),
             max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
             cache_key=self.prompt_cache_key,
         )

@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 import gguf
 
+from .catalog import local_file
+from .config import ModelSpec
 from .engine.base import DEFAULT_CONTEXT_LENGTH
 from .engine.chat_template import ChatTemplate, template_for_vocabulary, template_source
 from .engine.gguf_file import BadModelFile, is_gguf, read_gguf
@@ -65,10 +67,22 @@ class ModelFacts:
     control: frozenset[str]  # the vocabulary's control tokens
     chat_template: Optional[str]  # the file's own
     metadata: dict[str, Any]  # every metadata key with its value; an array as a list
+    sampling: dict[str, Any]  # the sampling its author recommends, ``general.sampling.*`` by the keys' last part
 
     def template_source(self, configured: Optional[str]) -> str:
         """The chat template a model of this file is served with."""
         return template_source(configured, self.chat_template, self.control)
+
+
+def file_facts(spec: ModelSpec) -> Optional[tuple[Path, ModelFacts]]:
+    """Blocking: the model's file and what it says, if the file is on this machine and a GGUF file."""
+    path = local_file(spec)
+    if path is None or not path.is_file():
+        return None
+    try:
+        return path, model_facts(path)
+    except (OSError, BadModelFile):
+        return None
 
 
 def model_facts(path: Path) -> ModelFacts:
@@ -84,7 +98,7 @@ def _facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
                 for key, field in model.fields.items()}
     return ModelFacts(
         model.architecture, sum(t.n_elements for t in model.tensors), _file_type_name(model.get("general.file_type")),
-        model.context_length, frozenset(control_tokens(model)), model.chat_template, metadata,
+        model.context_length, frozenset(control_tokens(model)), model.chat_template, metadata, model.sampling,
     )
 
 

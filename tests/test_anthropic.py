@@ -6,6 +6,7 @@ import anthropic
 import pytest
 import requests
 
+from kronk_wsgi.testing import run_server
 from kronk_wsgi.testing.rawhttp import RawStream
 
 HELLO = [{"role": "user", "content": "Hello there"}]
@@ -44,6 +45,36 @@ def test_create(client):
     assert again.usage.cache_read_input_tokens > 0  # the slot still holds this prompt's prefix
     assert again.usage.input_tokens + again.usage.cache_read_input_tokens == counted.input_tokens
     assert again.usage.cache_creation_input_tokens == 0
+
+
+def test_a_model_is_described_as_anthropics_models_api_describes_one(client):
+    info = client.models.retrieve("tiny")
+    assert (info.type, info.id, info.lifecycle) == ("model", "tiny", "active")
+    assert (info.max_input_tokens, info.max_tokens) == (2047, 2047)  # a 2,048-token context, a token for the reply
+    capabilities = info.capabilities
+    assert capabilities.structured_outputs.supported and capabilities.effort.supported
+    assert capabilities.context_management.clear_tool_uses_20250919.supported
+    assert not (capabilities.image_input.supported or capabilities.pdf_input.supported or capabilities.batch.supported)
+    assert not capabilities.thinking.supported  # the tiny model's template has no thinking
+    assert [model.id for model in client.models.list().data] == ["tiny"]
+
+
+def test_anthropics_model_listing_pages(tiny_model, tmp_path):
+    env = {"KRONK_MODELS": f"a={tiny_model},b={tiny_model},c={tiny_model}", "KRONK_DEFAULT_MODEL": "a"}
+    with run_server(tmp_path, env) as server:
+        client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+        first = client.models.list(limit=2)
+        assert [m.id for m in first.data] == ["a", "b"] and first.has_more and first.last_id == "b"
+        assert [m.id for m in client.models.list(limit=2, after_id="b").data] == ["c"]
+        before = client.models.list(limit=1, before_id="c")
+        assert [m.id for m in before.data] == ["b"] and before.has_more
+        assert [m.id for m in client.models.list(limit=1)] == ["a", "b", "c"]  # the SDK follows the pages
+        assert client.models.retrieve("b").max_input_tokens == 2047  # known from its file before it loads
+        for query in ("limit=0", "limit=1001", "limit=x", "after_id=nope", "after_id=a&before_id=c"):
+            reply = requests.get(f"{server.url}/v1/models?{query}", headers={"anthropic-version": "2023-06-01"},
+                                 timeout=10)
+            assert reply.status_code == 400, (query, reply.text)
+        assert "object" in requests.get(server.url + "/v1/models", timeout=10).json()  # OpenAI's list without it
 
 
 def test_stream_matches_create(client):

@@ -174,7 +174,7 @@ def test_hub_model_from_local_cache(tmp_path, tiny_model, monkeypatch):
 def test_concurrent_first_requests_load_once(tmp_path, tiny_model):
     env = {"KRONK_MODELS": f"a={tiny_model},b={tiny_model}", "KRONK_DEFAULT_MODEL": "a", "KRONK_QUEUE_DEPTH": 4}
     with run_server(tmp_path, env) as server:
-        assert "context_length" not in requests.get(server.url + "/v1/models/b", timeout=10).json()  # not loaded yet
+        assert requests.get(server.url + "/v1/models/b", timeout=10).json()["created"] == 0  # not loaded yet
         body = {"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         with ThreadPoolExecutor(4) as pool:
             statuses = list(pool.map(lambda _: server.post("/v1/chat/completions", body).status_code, range(4)))

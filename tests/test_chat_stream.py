@@ -151,7 +151,8 @@ def test_max_tokens_past_the_context_is_clamped_and_a_prompt_that_does_not_fit_i
 def test_models_and_health(server):
     models = requests.get(server.url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
-    assert requests.get(server.url + "/v1/models/tiny").json()["context_length"] == 2048
+    card = requests.get(server.url + "/v1/models/tiny").json()
+    assert (card["context_length"], card["max_input_tokens"], card["max_tokens"]) == (2048, 2047, 2047)
     missing = requests.get(server.url + "/v1/models/other")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     live = requests.get(server.url + "/v1/liveness").json()

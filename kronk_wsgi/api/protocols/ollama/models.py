@@ -14,8 +14,8 @@ from flask import Response, jsonify
 
 from .... import __version__, hub
 from ....catalog import local_file
-from ....config import ModelSpec, cache_dir
-from ....describe import ModelFacts, model_facts
+from ....config import ModelSampling, ModelSpec, cache_dir
+from ....describe import ModelFacts, file_facts, model_facts
 from ....engine.chat_template import fill_in_middle
 from ....engine.gguf_file import BadModelFile
 from ....model_registry import ModelRegistry, canonical_name, hub_source, tag_of
@@ -107,19 +107,8 @@ def model_id_of(name: str) -> str:
     return found
 
 
-def _facts(spec: ModelSpec) -> Optional[tuple[Path, ModelFacts]]:
-    """Runs in a worker thread: the model's file and what it says, if the file is on this machine."""
-    path = local_file(spec)
-    if path is None or not path.is_file():
-        return None
-    try:
-        return path, model_facts(path)
-    except (OSError, BadModelFile):
-        return None
-
-
 def facts_of(model_id: str) -> Optional[tuple[Path, ModelFacts]]:
-    return offload.call(gevent.get_hub().threadpool, _facts, state().models.get(model_id))
+    return offload.call(gevent.get_hub().threadpool, file_facts, state().models.get(model_id))
 
 
 def _size_label(parameters: int) -> str:
@@ -154,7 +143,7 @@ def _listing(registry: ModelRegistry) -> list[dict]:
     models = registry.models()
     rows, seen = [], set()
     for model_id, spec in list(models.items()):
-        found = _facts(spec)
+        found = file_facts(spec)
         path, facts = found if found else (None, None)
         seen.add(path.resolve() if path else None)
         rows.append(_tag_row(_name(model_id), path, facts))
@@ -233,16 +222,19 @@ def show():
         info[f"{facts.architecture}.context_length"] = context  # the context served here
     template = facts.template_source(spec.chat_template)
     return jsonify({
-        "modelfile": f"# Served by kronk-wsgi {__version__}\nFROM {path.name}\n", "parameters": _parameters(),
+        "modelfile": f"# Served by kronk-wsgi {__version__}\nFROM {path.name}\n",
+        "parameters": _parameters(loaded.sampling if loaded else spec.sampling.over_file(facts.sampling)[0], spec.stop),
         "template": template, "details": _details(facts), "model_info": info,
         "capabilities": _capabilities(facts, template), "modified_at": timestamp(path.stat().st_mtime),
     })
 
 
-def _parameters() -> str:
-    defaults = {"temperature": DEFAULTS.temperature, "top_k": DEFAULTS.top_k, "top_p": DEFAULTS.top_p,
-                "repeat_penalty": DEFAULTS.repetition_penalty}
-    return "\n".join(f"{key:<15}{value}" for key, value in defaults.items())
+def _parameters(sampling: ModelSampling, stop: list[str]) -> str:
+    """The sampling a request that sets none gets, and the model's stops, as a Modelfile's PARAMETER lines read."""
+    values = {"temperature": DEFAULTS.temperature, "top_k": DEFAULTS.top_k, "top_p": DEFAULTS.top_p,
+              "repeat_penalty": DEFAULTS.repetition_penalty, **sampling.model_dump(exclude_none=True)}
+    lines = [f"{key:<15}{value}" for key, value in values.items()]
+    return "\n".join(lines + [f"{'stop':<15}{json.dumps(text)}" for text in stop])
 
 
 def _capabilities(facts: ModelFacts, template: str) -> list[str]:

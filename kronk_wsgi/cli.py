@@ -174,6 +174,16 @@ def _loaded_models(url: str) -> set[str]:
         return {model["id"] for model in json.load(response)["data"] if model["loaded"]}
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from .launch import LaunchError, launch
+
+    try:
+        return launch(args.agent, args.url, args.model, args.dry_run, args.extra)
+    except LaunchError as exc:
+        print(f"kronk-wsgi: {exc}", file=sys.stderr)
+        return 1
+
+
 def _rm(args: argparse.Namespace) -> int:
     from . import hub
 
@@ -225,6 +235,16 @@ def main(argv=None) -> int:
     listing.add_argument("--config", help="a TOML configuration file")
     listing.add_argument("--url", help="a running server: say which models it has loaded")
     listing.set_defaults(run=_models)
+    start = commands.add_parser("launch", usage="kronk-wsgi launch {claude,codex,opencode} [--url URL] [--model M] "
+                                                "[--dry-run] [-- ARGS]",
+                                help="start an agent CLI (Claude Code, Codex, opencode) against a running server, with "
+                                     "the settings its model needs; ARGS after -- are the agent's own")
+    start.add_argument("agent", choices=("claude", "codex", "opencode"))
+    start.add_argument("--url", help="the server (default: KRONK_URL, else http://127.0.0.1:8000)")
+    start.add_argument("--model", help="the model (default: the server's default model)")
+    start.add_argument("--dry-run", action="store_true", help="print the settings as VAR=value lines (and the "
+                                                              "command as a comment), and start nothing")
+    start.set_defaults(run=_launch)
     rm = commands.add_parser("rm", help="remove a repository's GGUF files from the hub's cache")
     rm.add_argument("repo")
     rm.add_argument("file", nargs="?", help="only this file")
@@ -235,7 +255,12 @@ def main(argv=None) -> int:
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--architecture", choices=["llama", "qwen2"], default="llama")
     make.set_defaults(run=_make_model)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, passed = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = parser.parse_args(ours)
+    if passed and args.command != "launch":
+        parser.error("arguments after -- are an agent's, for kronk-wsgi launch")
+    args.extra = passed
     return args.run(args)
 
 

@@ -12,13 +12,14 @@ blank line. What is tested is the clients' side: each runs to its end, exits 0, 
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from kronk_wsgi.engine import llamacpp_engine
 
-from .conftest import run_server
+from .conftest import ROOT, run_server
 
 NODE_MODULES = Path(os.environ.get("KRONK_TEST_NODE_MODULES", "/nonexistent"))
 
@@ -105,3 +106,34 @@ def test_codex_cli_twice(agent_server, tmp_path):
     codex(agent_server, tmp_path)
     main = main_request(codex(agent_server, tmp_path))
     assert main["cached_tokens"] >= 0.95 * main["prompt_tokens"], main
+
+
+def launched(agent_server, home: Path, agent: str, arguments: list[str], env: dict) -> list[dict]:
+    """``kronk-wsgi launch AGENT`` with the agent's arguments, its CLI on PATH: the requests it made, each a 200."""
+    since = len(agent_server.logs().splitlines())
+    path = f"{NODE_MODULES / '.bin'}:{os.environ['PATH']}"
+    ran = run_cli([sys.executable, "-m", "kronk_wsgi.cli", "launch", agent, "--url", agent_server.url, "--",
+                   *arguments], home, {"PATH": path, "PYTHONPATH": str(ROOT), **env})
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-2000:])
+    made = [entry for entry in agent_server.completed(since) if not entry["route"].startswith((*PROBES, "/v1/models"))]
+    assert made and [entry["status"] for entry in made] == [200] * len(made)
+    assert {entry["model"] for entry in made} == {"agent"}
+    return made
+
+
+def test_kronk_wsgi_launch_starts_claude_code_with_the_models_window(agent_server, tmp_path):
+    launched(agent_server, tmp_path, "claude", ["-p", "say hi", "--output-format", "json", "--debug"], {})
+    debug = (tmp_path / ".claude" / "debug" / "latest").read_text()
+    # Claude Code compacts at its window less the room of one reply (its cap, 8,192 here), kept for the summary
+    assert "effectiveWindow=24576" in debug, [line for line in debug.splitlines() if "autocompact" in line]
+
+
+def test_kronk_wsgi_launch_starts_codex_with_no_configuration_of_its_own(agent_server, tmp_path):
+    codex_home = tmp_path / "codex"
+    codex_home.mkdir()
+    made = launched(agent_server, tmp_path, "codex", ["exec", "--skip-git-repo-check", "say hi"],
+                    {"CODEX_HOME": str(codex_home)})
+    assert {entry["route"] for entry in made} == {"/v1/responses"}
+    sessions = "".join(path.read_text() for path in codex_home.glob("sessions/**/*.jsonl"))
+    # Codex works in 95% of the window it is given: 32,768 tokens told, 31,129 in its session's record
+    assert '"model_context_window":31129' in sessions.replace(" ", "")

@@ -65,6 +65,16 @@ def invalid(message: str, param: Optional[str] = None, code: Optional[str] = Non
     return ApiError(400, message, param=param, code=code)
 
 
+class PromptTooLong(ApiError):
+    """A 400 for a prompt that leaves no room in the context: ``tokens`` (at least) against the ``most`` a prompt
+    may have, which agents read to compact their conversation."""
+
+    def __init__(self, tokens: int, most: int, message: str, param: str) -> None:
+        super().__init__(400, message, param=param, code="context_length_exceeded")
+        self.tokens = tokens
+        self.most = most
+
+
 def model_not_found(model_id: str) -> ApiError:
     """A 404 for a model id that is not configured."""
     shown = model_id if len(model_id) <= 100 else model_id[:100] + "..."

@@ -27,7 +27,7 @@ from ..serving.formats import HERMES, CallFormat, ToolCallRules, format_of
 from ..serving.jobs import EmbeddingJob, GenerationJob, RerankJob, ReplyReading
 from ..serving.pool import LoadedModel
 from ..serving.reasoning import opens_thinking, reasoning_of
-from .errors import ApiError, invalid
+from .errors import ApiError, PromptTooLong, invalid
 
 JSON_OBJECT = {"type": "object"}
 MAX_CHOICES = 16  # choices (prompts times n) in one request
@@ -592,12 +592,12 @@ def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, Rende
         full = rendered.text + after_prompt
         fewest = model.engine.tokenizer.fewest_tokens(full.replace(rendered.inert, "") if rendered.inert else full)
         if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
-            raise invalid(f"the context is {context} tokens; the prompt has at least {fewest} tokens",
-                          param=param, code="context_length_exceeded")
+            raise PromptTooLong(fewest, context - 1, f"the context is {context} tokens; the prompt has at least "
+                                f"{fewest} tokens", param)
         tokens = model.tokenize(full, inert=rendered.inert)
     if len(tokens) >= context:
-        raise invalid(f"the context is {context} tokens; the prompt has {len(tokens)} tokens",
-                      param=param, code="context_length_exceeded")
+        raise PromptTooLong(len(tokens), context - 1, f"the context is {context} tokens; the prompt has "
+                            f"{len(tokens)} tokens", param)
     return tokens
 
 

@@ -3,6 +3,7 @@ ping keep-alive."""
 
 from flask import Blueprint, Response
 
+from ...errors import ApiError, PromptTooLong
 from ...protocol import Framing, Protocol
 from ...sse import sse
 from ...state import RequestRecord
@@ -29,6 +30,13 @@ def error_body(error_type: str, message: str) -> dict:
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
+def api_error_body(error: ApiError) -> dict:
+    """An error in Anthropic's shape; a prompt too long in Anthropic's words, which Claude Code reads to compact."""
+    message = f"prompt is too long: {error.tokens} tokens > {error.most} maximum" \
+        if isinstance(error, PromptTooLong) else error.message
+    return error_body(ERROR_TYPES.get(error.status, "api_error"), message)
+
+
 def _request_ids(response: Response, rec: RequestRecord) -> None:
     """Anthropic's clients read the id here: the message's id once there is one."""
     response.headers["request-id"] = response.headers["anthropic-request-id"] = rec.response_id or rec.request_id
@@ -36,6 +44,6 @@ def _request_ids(response: Response, rec: RequestRecord) -> None:
 
 PROTOCOL = Protocol(
     "anthropic", bp, prefixes=("/v1/messages",),
-    error_body=lambda error: error_body(ERROR_TYPES.get(error.status, "api_error"), error.message),
+    error_body=api_error_body,
     framing=Framing("text/event-stream", sse({"type": "ping"}, "ping")), headers=_request_ids,
 )

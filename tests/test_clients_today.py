@@ -112,20 +112,49 @@ def test_documents_are_read_as_text_and_a_pdf_is_refused_by_name(scripted):
     assert refused.status_code == 400 and "application/pdf" in refused.json()["error"]["message"]
 
 
-def test_clear_tool_uses_clears_the_oldest_results():
-    from kronk_wsgi.api.protocols.anthropic.schemas import CLEARED, CountTokensRequest
+def test_context_editing_clears_the_oldest_tool_results_and_says_what_it_cleared(scripted):
+    client = anthropic.Anthropic(base_url=scripted.url, api_key="unused", max_retries=0)
 
     def turn(i):
-        return [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "Read", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "x" * 400}]}]
+        name = "Read" if i else "Pinned"
+        return [{"role": "assistant", "content": [
+            {"type": "thinking", "thinking": f"Reading part {i}.", "signature": "s"},
+            {"type": "tool_use", "id": f"t{i}", "name": name, "input": {"part": i}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": f"part {i} " * 4}]}]
 
-    messages = [{"role": "user", "content": "go"}] + [m for i in range(5) for m in turn(i)]
-    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 100}, "keep": {"type": "tool_uses", "value": 2}}
-    request = CountTokensRequest.model_validate({"model": "m", "messages": messages, "context_management": {"edits": [edit]}})
-    results = [m["content"] for m in request.template_messages() if m["role"] == "tool"]
-    assert results == [CLEARED] * 3 + ["x" * 400] * 2
-    untouched = CountTokensRequest.model_validate({"model": "m", "messages": messages})
-    assert all(m["content"] != CLEARED for m in untouched.template_messages())
+    messages = [{"role": "user", "content": "go"}] + [m for i in range(6) for m in turn(i)]
+    tools = [{"name": name, "input_schema": {"type": "object"}} for name in ("Read", "Pinned")]
+    edits = [{"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 100},
+              "keep": {"type": "tool_uses", "value": 2}, "exclude_tools": ["Pinned"], "clear_tool_inputs": ["Read"]},
+             {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}}]
+    plain = client.messages.count_tokens(model="tiny", messages=messages, tools=tools).input_tokens
+    counted = client.beta.messages.count_tokens(model="tiny", messages=messages, tools=tools,
+                                                context_management={"edits": edits})
+    assert counted.context_management.original_input_tokens == plain > counted.input_tokens
+    scripted.say("Done.")
+    reply = client.beta.messages.create(model="tiny", max_tokens=8, messages=messages, tools=tools,
+                                        context_management={"edits": edits})
+    cleared_tools, cleared_thinking = (edit.model_dump() for edit in reply.context_management.applied_edits)
+    # t0 is a Pinned use, kept; of t1-t5 the last two stay: t1, t2 and t3 are cleared
+    assert cleared_tools == {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 3,
+                             "cleared_input_tokens": plain - counted.input_tokens}
+    assert cleared_thinking == {"type": "clear_thinking_20251015", "cleared_thinking_turns": 4,
+                                "cleared_input_tokens": 0}  # earlier thinking is never in the prompt here
+    assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == counted.input_tokens
+    scripted.say("Done.")
+    with client.beta.messages.stream(model="tiny", max_tokens=8, messages=messages, tools=tools,
+                                     context_management={"edits": edits[:1]}) as stream:
+        final = stream.get_final_message()
+    assert [e.type for e in final.context_management.applied_edits] == ["clear_tool_uses_20250919"]
+    scripted.say("Done.")
+    spared = client.beta.messages.create(model="tiny", max_tokens=8, messages=messages, tools=tools,
+                                         context_management={"edits": [{**edits[0], "clear_at_least": {
+                                             "type": "input_tokens", "value": 10 * plain}}]})
+    assert spared.context_management.applied_edits == []  # too little to clear: the prompt stays as it was
+    assert spared.usage.input_tokens + spared.usage.cache_read_input_tokens == plain
+    refused = scripted.post("/v1/messages", {"model": "tiny", "max_tokens": 8, "messages": messages,
+                                             "context_management": {"edits": [{**edits[1], "exclude_tools": []}]}})
+    assert refused.status_code == 400 and "exclude_tools" in refused.text
 
 
 def test_responses_takes_what_codex_sends(scripted):

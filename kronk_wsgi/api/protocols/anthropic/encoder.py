@@ -58,8 +58,10 @@ class MessagesEncoder(Encoder):
 
     protocol = PROTOCOL
 
-    def __init__(self, message_id: str, model: str, input_tokens: int, show_thinking: bool = True) -> None:
+    def __init__(self, message_id: str, model: str, input_tokens: int, show_thinking: bool = True,
+                 context_management: Optional[dict] = None) -> None:
         super().__init__()
+        self.context_management = context_management  # the context edits applied, when the request asked for any
         self.show_thinking = show_thinking  # False: thinking blocks come with their text omitted
         self.head = {
             "id": message_id, "type": "message", "role": "assistant", "model": model,
@@ -139,7 +141,8 @@ class MessagesEncoder(Encoder):
     def finished(self, event: Finished) -> Iterator[str]:
         delta = {"stop_reason": _stop_reason(self.end), "stop_sequence": self.end.stop_sequence}
         usage = _usage(event.usage)
-        yield sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
+        managed = {"context_management": self.context_management} if self.context_management else {}
+        yield sse({"type": "message_delta", "delta": delta, "usage": usage, **managed}, "message_delta")
         yield sse({"type": "message_stop"}, "message_stop")
 
     def failed(self, event: Failed) -> Iterator[str]:
@@ -167,4 +170,5 @@ class MessagesEncoder(Encoder):
         return {
             **self.head, "content": content, "stop_reason": _stop_reason(end),
             "stop_sequence": end.stop_sequence, "usage": _usage(finished.usage),
+            **({"context_management": self.context_management} if self.context_management else {}),
         }

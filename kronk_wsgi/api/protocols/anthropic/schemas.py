@@ -2,7 +2,6 @@
 edits, and the GenerationRequest a message asks for."""
 
 import base64
-import json
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -267,14 +266,30 @@ class Count(Strict):
 
 
 class ContextEdit(Strict):
-    """A context-management edit, applied to the prompt: see ``MessagesRequest.template_messages``."""
+    """A context-management edit, applied to the prompt: see context_editing.py."""
 
     type: Literal["clear_tool_uses_20250919", "clear_thinking_20251015"]
     trigger: Optional[Count] = None
     keep: Union[Count, Literal["all"], None] = None
     clear_at_least: Optional[Count] = None
     exclude_tools: Optional[list[str]] = None
-    clear_tool_inputs: Optional[bool] = None
+    clear_tool_inputs: Union[bool, list[str], None] = None  # every cleared use's input, or those of these tools
+
+    @pydantic.model_validator(mode="after")
+    def _counts(self) -> "ContextEdit":
+        clears_tools = self.type.startswith("clear_tool_uses")
+        allowed = {"trigger": ("input_tokens", "tool_uses") if clears_tools else (),
+                   "keep": ("tool_uses",) if clears_tools else ("thinking_turns",),
+                   "clear_at_least": ("input_tokens",) if clears_tools else ()}
+        for name, types in allowed.items():
+            value = getattr(self, name)
+            if value is not None and value != "all" and value.type not in types:
+                raise ValueError(f"{self.type}: {name} takes {' or '.join(types) or 'nothing'}, not {value.type}")
+        if self.keep == "all" and clears_tools:
+            raise ValueError(f"{self.type}: keep takes a count of tool_uses")
+        if not clears_tools and (self.exclude_tools is not None or self.clear_tool_inputs is not None):
+            raise ValueError(f"{self.type} clears thinking: exclude_tools and clear_tool_inputs are clear_tool_uses'")
+        return self
 
 
 class DiagnosticsRequest(Strict):
@@ -314,17 +329,12 @@ class CountTokensRequest(Strict):
         return self
 
     def template_messages(self) -> list[dict]:
-        """The conversation as chat templates take it, with the context-management edits applied."""
+        """The conversation as chat templates take it (before any context-management edit)."""
         return self._template()[0]
 
     def _template(self) -> tuple[list[dict], list[int]]:
         """The conversation as chat templates take it, and how many of its messages run through the end of each
-        of the request's messages.
-
-        Earlier turns' thinking never enters the prompt, so ``clear_thinking`` changes nothing more;
-        ``clear_tool_uses`` replaces the oldest tool results (all but ``keep``, 3 by default) once the
-        conversation passes its ``trigger`` (100,000 input tokens by default, estimated at 4 characters a token).
-        """
+        of the request's messages. Earlier turns' thinking never enters the prompt."""
         messages, ends = [], []
         if self.system is not None:
             blocks = [self.system] if isinstance(self.system, str) else [b.text for b in self.system]
@@ -334,10 +344,12 @@ class CountTokensRequest(Strict):
         for message in self.messages:
             messages.extend(message.for_template())
             ends.append(len(messages))
-        for edit in self.context_management.edits if self.context_management else ():
-            if edit.type.startswith("clear_tool_uses"):
-                _clear_tool_uses(messages, edit)
         return messages, ends
+
+    def thinking_turns(self) -> int:
+        """The assistant messages with thinking blocks."""
+        return sum(1 for m in self.messages if m.role == "assistant" and isinstance(m.content, list)
+                   and any(isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) for b in m.content))
 
     def offered_tools(self) -> list[Tool]:
         return [t for t in self.tools or () if isinstance(t, Tool)]
@@ -370,33 +382,6 @@ class CountTokensRequest(Strict):
         )
 
 
-CLEARED = "[tool result cleared to save context]"
-
-
-def _clear_tool_uses(messages: list[dict], edit: ContextEdit) -> None:
-    """Anthropic's clear_tool_uses edit, in place: the oldest tool results beyond ``keep`` are cleared."""
-    trigger = edit.trigger or Count(type="input_tokens", value=100_000)
-    threshold = trigger.value
-    if trigger.type == "input_tokens":
-        size = sum(len(m["content"]) + len(json.dumps(m.get("tool_calls", []))) for m in messages) // 4
-    else:  # "tool_uses"
-        size = sum(len(m.get("tool_calls", [])) for m in messages)
-    if size < threshold:
-        return
-    keep = edit.keep.value if isinstance(edit.keep, Count) else 3
-    names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls", [])}
-    excluded = set(edit.exclude_tools or ())
-    results = [m for m in messages if m["role"] == "tool" and names.get(m["tool_call_id"]) not in excluded]
-    for message in results[:max(0, len(results) - keep)]:
-        message["content"] = CLEARED
-    if edit.clear_tool_inputs:
-        cleared = {m["tool_call_id"] for m in results[:max(0, len(results) - keep)]}
-        for message in messages:
-            for call in message.get("tool_calls", []):
-                if call["id"] in cleared:
-                    call["function"]["arguments"] = {}
-
-
 class MessagesRequest(CountTokensRequest):
     max_tokens: Annotated[int, Field(ge=1)]
     stop_sequences: Optional[list[str]] = None
@@ -417,9 +402,11 @@ class MessagesRequest(CountTokensRequest):
             raise ValueError("thinking.budget_tokens must be less than max_tokens")
         return self
 
-    def generation_request(self) -> GenerationRequest:
-        """What the body asks for, as the planner takes it. A final assistant message is continued (a prefill)."""
+    def generation_request(self, edited: Optional[list[dict]] = None) -> GenerationRequest:
+        """What the body asks for, as the planner takes it (its template messages ``edited`` by context
+        management, if they were). A final assistant message is continued (a prefill)."""
         messages, ends = self._template()
+        messages = edited if edited is not None else messages
         output_format = self.output_config.format if self.output_config else None
         return GenerationRequest(
             self.model, prompt_param="messages", messages=messages, tools=self.tool_use(),

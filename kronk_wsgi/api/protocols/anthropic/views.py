@@ -6,10 +6,9 @@ from flask import jsonify
 
 from ...body import parse_body
 from ...cache_diagnostics import diagnose
-from ...planning import render_chat
 from ...response import respond
-from ...schemas import template_variables
 from ...sessions import start_generation, use_model
+from .context_editing import edit_context, prompt_tokens
 from ...state import record
 from .encoder import MessagesEncoder
 from .protocol import bp
@@ -20,10 +19,15 @@ from .schemas import CountTokensRequest, MessagesRequest
 def messages():
     """Generate the assistant's next message."""
     body = parse_body(MessagesRequest)
-    session = start_generation(body.generation_request())
+    edited = None
+    if body.context_management is not None:
+        with use_model(body.model) as model:
+            edited = edit_context(model, body)
+    session = start_generation(body.generation_request(edited.messages if edited else None))
     message_id = record().response_id = "msg_" + uuid.uuid4().hex
     shown = getattr(body.thinking, "display", None) != "omitted"
-    encoder = MessagesEncoder(message_id, body.model, session.job.prompt_tokens, shown)
+    managed = {"applied_edits": edited.applied} if edited else None
+    encoder = MessagesEncoder(message_id, body.model, session.job.prompt_tokens, shown, managed)
     if body.diagnostics is not None:
         encoder.head["diagnostics"] = diagnose(body, message_id)
     return respond(session, encoder, body.stream)
@@ -34,6 +38,8 @@ def count_tokens():
     """The number of prompt tokens the same request would use."""
     body = parse_body(CountTokensRequest)
     with use_model(body.model) as model:
-        prompt = render_chat(model, body.template_messages(), body.template_tools(), body.thinking_switch(),
-                             variables=template_variables(body.effort()))
-        return jsonify({"input_tokens": len(model.tokenize(prompt.text, inert=prompt.inert))})
+        if body.context_management is None:
+            return jsonify({"input_tokens": prompt_tokens(model, body, body.template_messages())})
+        edited = edit_context(model, body)
+        return jsonify({"input_tokens": prompt_tokens(model, body, edited.messages),
+                        "context_management": {"original_input_tokens": edited.original_tokens}})

@@ -44,7 +44,7 @@ def prompt_tokens(model: LoadedModel, body: CountTokensRequest, messages: list[d
 
 def edit_context(model: LoadedModel, body: CountTokensRequest) -> EditedContext:
     """The request's conversation with its context-management edits applied."""
-    messages = copy.deepcopy(body.template_messages())
+    messages = body.template_messages()  # an edit clears a copy of them (their calls' inputs are the body's)
     tokens = original = prompt_tokens(model, body, messages)
     applied = []
     for edit in body.context_management.edits:

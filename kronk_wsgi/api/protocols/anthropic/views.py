@@ -8,8 +8,8 @@ from ...body import parse_body
 from ...cache_diagnostics import diagnose
 from ...response import respond
 from ...sessions import start_generation, use_model
-from .context_editing import edit_context, prompt_tokens
 from ...state import record
+from .context_editing import edit_context, prompt_tokens
 from .encoder import MessagesEncoder
 from .protocol import bp
 from .schemas import CountTokensRequest, MessagesRequest

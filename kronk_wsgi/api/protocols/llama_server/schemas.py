@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal, Optional, Self, Union
 import pydantic
 from pydantic import Field
 
+from ....config import ModelSampling
 from ....engine.sampling import SamplingParams
 from ...ranking import Documents
-from ....config import ModelSampling
 from ...schemas import ChatMessage, ChatTool, Strict
 
 # llama-server's samplers, in the one order this server applies the ones it has (penalties come first here).

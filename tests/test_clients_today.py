@@ -273,8 +273,7 @@ def test_the_2026_fields_are_taken_and_what_cannot_be_honoured_is_refused_by_nam
                ("/v1/chat/completions", {"messages": ASK, "moderation": {"model": "omni-moderation-latest"}},
                 "moderation"),
                ("/v1/responses", {"input": "hi", "conversation": "conv_1"}, "conversation"),
-               ("/v1/responses", {"input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
-               ("/v1/responses", {"input": "hi", "context_management": [{"type": "compaction"}]}, "context_management")]
+               ("/v1/responses", {"input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt")]
     for path, body, field in refused:
         answer = scripted.post(path, {"model": "tiny", **body})
         assert answer.status_code == 400 and answer.json()["error"]["param"] == field, answer.text

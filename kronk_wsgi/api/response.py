@@ -24,7 +24,7 @@ from flask import Response
 
 from ..serving import offload
 from ..serving.events import (
-    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta,
+    ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta,
     TokenIds, TokenLogprob, ToolCall, ToolCallStart, coalesce,
 )
 from ..serving.session import Session
@@ -34,7 +34,8 @@ from .sse import compact_json_pieces
 from .state import record, state
 
 # The status of an answer that is not streamed, by how its generation failed.
-FAILURE_STATUS = {"timeout": 504, "shutdown": 503, "grammar_error": 400, "model_busy": 429}
+FAILURE_STATUS = {"timeout": 504, "shutdown": 503, "grammar_error": 400, "model_busy": 429,
+                  "context_length_exceeded": 400, "invalid_request_error": 400}
 BUSY_RETRY_SECONDS = 5  # Retry-After of a request an engine elsewhere was too busy to run
 WHOLE_CHUNK = 1 << 20  # a whole answer goes out a megabyte at a time, each write watched
 
@@ -121,6 +122,14 @@ class Encoder(abc.ABC):
         """The token ids held for a choice, since the last take."""
         return self._held_ids.pop(index, [])
 
+    def compacting(self, event: Compacting) -> Iterator[str]:
+        """Frames for the start of a compaction (only protocols that compact get one)."""
+        raise NotImplementedError(f"{type(self).__name__} does not compact")
+
+    def compacted(self, event: Compacted) -> Iterator[str]:
+        """Frames for a compaction's written summary."""
+        raise NotImplementedError(f"{type(self).__name__} does not compact")
+
     def call_start(self, event: ToolCallStart) -> Iterator[str]:
         """Frames for the start of a tool call whose arguments follow; none where the protocol sends calls whole
         (the ToolCall that ends it has them all)."""
@@ -168,7 +177,8 @@ class Encoder(abc.ABC):
         writers = {
             TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, TokenIds: self.token_ids,
             ToolCallStart: self.call_start, ArgumentsDelta: self.call_arguments, ToolCall: self.tool_call,
-            ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed,
+            ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed, Compacting: self.compacting,
+            Compacted: self.compacted,
         }
         for event in events:
             if isinstance(event, KeepAlive):

@@ -39,7 +39,6 @@ CANNOT = {
     "moderation": "moderation cannot be run here: this server has no moderation model",
     "conversation": "there is no Conversations API here: continue a conversation with previous_response_id",
     "prompt": "there are no stored prompt templates here: send the instructions and input themselves",
-    "context_management": "compaction is not done here: truncation \"auto\" drops the oldest input instead",
 }
 
 

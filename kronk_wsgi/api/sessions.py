@@ -88,13 +88,34 @@ def start_generation(request: GenerationRequest) -> Session:
     return _start(request.model, lambda model: plan(model, request))
 
 
+def follow_on() -> Callable[[Session, GenerationRequest], Session]:
+    """What starts a generation that follows an ended one of this request, after the commit: planned then on the
+    ended one's model, it takes over its admission place (no second wait in line) and the request's stats. Made
+    before the commit (it keeps the request's cache scope); the request it is given was checked then. A failure
+    to plan is an ApiError for the caller to send in-band."""
+    scope = cache_scope()
+
+    def start(previous: Session, request: GenerationRequest) -> Session:
+        job = plan(previous.model, dataclasses.replace(request, cache_scope=scope))
+        return Session(previous.model, previous.pass_lease(), job, started=previous.started,
+                       deadline=previous.deadline, drain=previous.drain, keepalive=previous.keepalive,
+                       client_gone=previous.client_gone, metrics=previous.metrics, stats=previous.stats)
+
+    return start
+
+
 def count_prompt_tokens(request: GenerationRequest) -> int:
     """The prompt tokens a generation request would take on its model, planned as it would be (with no hint to
     the prompt cache: counting saves nothing); nothing is generated."""
+    return measure_prompt(request)[0]
+
+
+def measure_prompt(request: GenerationRequest) -> tuple[int, int]:
+    """The prompt tokens a generation request would take (see count_prompt_tokens), and its model's context."""
     offload.call(state().body_thread, check, request)
     request = dataclasses.replace(request, cache_key=None, cache_breaks=(), cache_scope=cache_scope())
     with use_model(request.model) as model:
-        return plan(model, request).prompt_tokens
+        return plan(model, request).prompt_tokens, model.engine.context_length
 
 
 def start_later(request: GenerationRequest) -> Callable[[Callable[[], bool]], Session]:

@@ -156,8 +156,21 @@ class Failed:
     message: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Compacting:
+    """The model has begun to summarize the conversation, which its summary will take the place of."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Compacted:
+    """The model's summary of the conversation is written (``usage`` is its generation's); the reply follows."""
+
+    summary: str
+    usage: Usage
+
+
 Event = (TextDelta | ReasoningDelta | Logprobs | TokenIds | ToolCallStart | ArgumentsDelta | ToolCall | ChoiceEnd
-         | Embedding | KeepAlive | PromptCached | Finished | Failed)
+         | Embedding | KeepAlive | PromptCached | Finished | Failed | Compacting | Compacted)
 KEEPALIVE = KeepAlive()
 
 

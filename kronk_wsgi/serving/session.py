@@ -83,6 +83,16 @@ def _drive(job: Job, slot: Slot, model: LoadedModel, cancel: _Cancel, channel: T
             slot.keep_state(waited_for=True)
 
 
+class _Passed:
+    """The lease of a session that handed its admission place on: nothing left to release."""
+
+    def release(self) -> None:
+        pass
+
+
+_PASSED = _Passed()
+
+
 class Session:
     """Run one job on a model, as neutral events (KeepAlive included).
 
@@ -104,7 +114,9 @@ class Session:
         keepalive: float,
         client_gone: Callable[[], bool],
         metrics: Metrics,
+        stats: Optional[GenerationStats] = None,
     ) -> None:
+        """``stats``: those of the request's earlier generation, which this one's then take the place of."""
         self.model = model
         self.lease = lease
         self.job = job
@@ -114,7 +126,9 @@ class Session:
         self.keepalive = keepalive
         self.client_gone = client_gone
         self.metrics = metrics
-        self.stats = GenerationStats(prompt_tokens=job.prompt_tokens)
+        self.stats = stats or GenerationStats()
+        self.stats.outcome, self.stats.time_to_first_token = "", None
+        self.stats.prompt_tokens = job.prompt_tokens
         self._gaps = GapCounter(metrics.inter_token_latency.labels(model.id))
         self._events: Optional[Generator[Event, None, None]] = None
 
@@ -130,6 +144,12 @@ class Session:
             self.lease.release()
         else:
             self._events.close()
+
+    def pass_lease(self) -> Lease:
+        """The admission place, handed to the generation that follows this ended one in the same request: this
+        session then gives back only its slot."""
+        lease, self.lease = self.lease, _PASSED
+        return lease
 
     def _run(self) -> Iterator[Event]:
         cancel = _Cancel()

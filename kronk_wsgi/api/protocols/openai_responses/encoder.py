@@ -4,7 +4,7 @@ import uuid
 from typing import Any, Callable, Iterator, Optional
 
 from ....serving.events import (
-    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, ToolCallStart,
+    ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, ToolCallStart,
     Usage,
 )
 from ....serving.formats import custom_input
@@ -15,7 +15,7 @@ from ..openai_chat import logprob_content
 from .protocol import PROTOCOL
 
 
-def _usage(usage: Usage) -> dict:
+def usage_object(usage: Usage) -> dict:
     return {
         "input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
@@ -52,13 +52,17 @@ def _final(base: dict, output: list[dict], end: ChoiceEnd, event: Finished) -> d
     return {
         **base, "status": "incomplete" if incomplete else "completed", "output": output,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "usage": _usage(event.usage),
+        "usage": usage_object(event.usage),
     }
 
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict:
     content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
+def compaction_item(item_id: str, sealed: str) -> dict:
+    return {"id": item_id, "type": "compaction", "encrypted_content": sealed, "created_by": "kronk_wsgi"}
 
 
 def _output_text(output: list[dict]) -> str:
@@ -69,15 +73,18 @@ class ResponsesEncoder(BackgroundEncoder):
     """Numbered events from 0: created and in_progress (the commit), output items, completed or incomplete.
 
     The model's thinking is a reasoning item (its text as reasoning_text) before the answer; with ``seal``,
-    the item also carries its text sealed as ``encrypted_content``, for a client that keeps no state.
+    the item also carries its text sealed as ``encrypted_content``, for a client that keeps no state. A
+    compaction's summary is a compaction item, first, sealed by ``seal_summary``.
     """
 
     protocol = PROTOCOL
 
     def __init__(self, base: dict, store_response: Optional[Callable[[dict], None]] = None,
                  seal: Optional[Callable[[str], str]] = None, namespaces: Optional[dict[str, str]] = None,
-                 custom_tools: frozenset[str] = frozenset()) -> None:
+                 custom_tools: frozenset[str] = frozenset(),
+                 seal_summary: Optional[Callable[[str], str]] = None) -> None:
         super().__init__()
+        self.seal_summary = seal_summary
         self.base = base
         self.namespaces = namespaces or {}  # a namespaced function's namespace, by its name
         self.custom_tools = custom_tools  # the names whose calls are custom_tool_call items
@@ -92,6 +99,7 @@ class ResponsesEncoder(BackgroundEncoder):
         self.listed: list[dict] = []  # log probabilities of the message so far (output text only)
         self.started: dict[str, int] = {}  # a started call's id: how much of its arguments was sent
         self.end = ChoiceEnd("stop")
+        self.compaction_id = new_id("cmp_")
 
     def _event(self, kind: str, **fields: Any) -> str:
         frame = sse({"type": kind, "sequence_number": self.sequence, **fields}, kind)
@@ -126,6 +134,20 @@ class ResponsesEncoder(BackgroundEncoder):
         yield self._event("response.output_item.done", output_index=len(self.output), item=item)
         self.output.append(item)
         self.reasoning_id, self.thoughts = None, []
+
+    def compacting(self, event: Compacting) -> Iterator[str]:
+        where = {"output_index": len(self.output)}
+        yield self._event("response.output_item.added", **where, item=compaction_item(self.compaction_id, ""))
+        yield self._event("response.compaction.compacting", item_id=self.compaction_id, **where)
+
+    def compacted(self, event: Compacted) -> Iterator[str]:
+        item = self._compaction(event)
+        yield self._event("response.output_item.done", output_index=len(self.output), item=item)
+        self.output.append(item)
+
+    def _compaction(self, event: Compacted) -> dict:
+        assert self.seal_summary is not None, "a response that compacts seals its summary"
+        return compaction_item(self.compaction_id, self.seal_summary(event.summary))
 
     def text(self, event: TextDelta) -> Iterator[str]:
         yield from self._close_reasoning()
@@ -232,7 +254,9 @@ class ResponsesEncoder(BackgroundEncoder):
         end = next(e for e in output if isinstance(e, ChoiceEnd))
         answer = [e for e in output if isinstance(e, (TextDelta, ToolCall))]
         thinking = "".join(e.text for e in output if isinstance(e, ReasoningDelta))
-        items = [self._sealed(_reasoning_item(new_id("rs_"), thinking, "completed"))] if thinking else []
+        items = [self._compaction(e) for e in output if isinstance(e, Compacted)]
+        if thinking:
+            items.append(self._sealed(_reasoning_item(new_id("rs_"), thinking, "completed")))
         listed = {id(text): logprob_content(tokens.tokens) for tokens, text in zip(output, output[1:])
                   if isinstance(tokens, Logprobs) and isinstance(text, TextDelta)}
         for position, event in enumerate(answer):

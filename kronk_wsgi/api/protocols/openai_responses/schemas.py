@@ -8,7 +8,8 @@ from pydantic import Discriminator, Field, Tag
 
 from ....engine.sampling import SamplingParams
 from ....serving.formats import custom_arguments
-from ...planning import JSON_OBJECT, GenerationRequest, ReplyFormat, ToolUse
+from ...compaction import KEPT_ROLES, summary_message
+from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse
 from ...schemas import (
     CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
     ServiceTier, Strict, User, json_object, left_out, refuse_given, template_role, template_tool,
@@ -108,6 +109,25 @@ class ReasoningItem(Strict):
     status: Optional[str] = None
 
 
+class CompactionItem(Strict):
+    """A summary of the conversation before it, sealed by this server (see api/compaction.py): of the items
+    before the last one, only the user's, system and developer messages stay in the prompt, then its summary."""
+
+    type: Literal["compaction"]
+    encrypted_content: str
+    id: Optional[str] = None
+    created_by: Optional[str] = None
+    _summary: Optional[str] = pydantic.PrivateAttr(default=None)  # the opened summary (see views._open_sealed)
+
+    def opened(self, summary: str) -> None:
+        self._summary = summary
+
+    @property
+    def summary(self) -> str:
+        assert self._summary is not None, "a compaction item is read once opened"
+        return self._summary
+
+
 def _item_type(value: Any) -> Optional[str]:
     return value.get("type", "message") if isinstance(value, dict) else None
 
@@ -120,6 +140,7 @@ InputItem = Annotated[
         Annotated[CustomToolCallItem, Tag("custom_tool_call")],
         Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
         Annotated[ReasoningItem, Tag("reasoning")],
+        Annotated[CompactionItem, Tag("compaction")],
     ],
     Discriminator(_item_type),
 ]
@@ -251,65 +272,33 @@ class TextConfig(Strict):
         return None
 
 
-class ResponsesRequest(Strict):
+class Compaction(Strict):
+    """Server-side compaction: a prompt past ``compact_threshold`` tokens (80% of the context when not given) is
+    compacted before the reply (see api/compaction.py)."""
+
+    type: Literal["compaction"]
+    compact_threshold: Optional[Annotated[int, Field(ge=1)]] = None
+
+
+DEFAULT_COMPACT_SHARE = 0.8  # of the context: the prompt past which a request that compacts is compacted
+
+
+class ConversationBody(Strict):
+    """What a response and a compaction share: the model, the conversation and its prompt cache's hints."""
+
     model: str
     input: Union[str, Annotated[list[InputItem], Field(min_length=1)]]
     instructions: Optional[str] = None
-    max_output_tokens: Optional[Annotated[int, Field(ge=1)]] = None
-    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    stream: bool = False
-    tools: Optional[list[ResponsesTool]] = None
-    tool_choice: Union[Literal["none", "auto", "required"], Annotated[
-        Union[NamedFunction, AllowedToolsChoice], Field(discriminator="type")], None] = None
-    parallel_tool_calls: Optional[bool] = None
-    store: Optional[bool] = None
     previous_response_id: Optional[str] = None
-    metadata: Optional[Metadata] = None
-    service_tier: Optional[ServiceTier] = None
-    text: Optional[TextConfig] = None
-    truncation: Optional[Literal["disabled", "auto"]] = None  # auto: the oldest input goes until the prompt fits
-    user: Optional[User] = None
-    include: Optional[list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]]] = None
-    top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
-    reasoning: Optional[ReasoningConfig] = None
-    max_tool_calls: Optional[Annotated[int, Field(ge=1)]] = None
-    stream_options: Optional[StreamOptions] = None
-    # Accepted as today's clients send them: see docs/PROTOCOLS.rst for what each does here.
     prompt_cache_key: Optional[Annotated[str, Field(max_length=1024)]] = None
-    safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
-    client_metadata: Optional[dict[str, Any]] = None
-    background: bool = False  # answered after the POST returns: see api/background.py
-    background_options: Optional[BackgroundOptions] = None
     prompt_cache_options: Optional[PromptCacheOptions] = None
     prompt_cache_retention: Optional[Literal["in_memory", "24h"]] = None  # the prompt cache's budgets decide
+    safety_identifier: Optional[Annotated[str, Field(max_length=512)]] = None
+    service_tier: Optional[ServiceTier] = None
     image: Optional[ImageOptions] = None  # no images here: nothing to compress
-    access_programs: Optional[dict[str, Any]] = None  # one program here, the standard one
-    # Refused: see CANNOT
-    moderation: Optional[dict[str, Any]] = None
-    conversation: Union[str, dict[str, Any], None] = None
-    prompt: Optional[dict[str, Any]] = None
-    context_management: Optional[list[dict[str, Any]]] = None
-    # What the SGLang gateway writes into a Responses body: taken at these values (top_k -1 is off)
-    priority: Optional[int] = None  # one queue here: every request is served in turn
-    top_k: Literal[-1, 0] = -1
-    min_p: Annotated[float, Field(ge=0, le=0)] = 0.0
-    repetition_penalty: Annotated[float, Field(ge=1, le=1)] = 1.0
 
-    _refused = pydantic.field_validator("moderation", "conversation", "prompt", "context_management")(refuse_given)
-
-    @pydantic.field_validator("background")
-    @classmethod
-    def _stored(cls, background: bool, info: pydantic.ValidationInfo) -> bool:
-        if background and info.data.get("store") is False:
-            raise ValueError("a background response is stored, to be polled: background needs store true")
-        return background
-
-    @pydantic.model_validator(mode="after")
-    def _checks(self) -> "ResponsesRequest":
-        if self.tool_choice is not None and not self.tools:
-            raise ValueError("tool_choice needs tools")
-        return self
+    def input_items(self) -> list:
+        return self.input if isinstance(self.input, list) else []
 
     def instruction_messages(self) -> list[dict]:
         """The instructions, as the conversation's system message (a previous response's are not carried over)."""
@@ -320,17 +309,23 @@ class ResponsesRequest(Strict):
         return self._input()[0]
 
     def _input(self) -> tuple[list[dict], list[int]]:
-        """The input as chat messages, and how many of them each prompt_cache_breakpoint's prefix runs through."""
+        """The input as chat messages, and how many of them each prompt_cache_breakpoint's prefix runs through.
+        Before the last compaction item, only the messages a compaction keeps."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}], []
         messages: list[dict] = []
         breaks: list[int] = []
-        for item in self.input:
+        last = max((i for i, item in enumerate(self.input) if isinstance(item, CompactionItem)), default=-1)
+        for index, item in enumerate(self.input):
+            if index < last and not (isinstance(item, MessageItem) and template_role(item.role) in KEPT_ROLES):
+                continue
             if isinstance(item, MessageItem):
                 messages.append({"role": template_role(item.role), "content": item.text()})
                 if isinstance(item.content, list) and any(getattr(p, "prompt_cache_breakpoint", None)
                                                           for p in item.content):
                     breaks.append(len(messages))
+            elif isinstance(item, CompactionItem):
+                messages.append(summary_message(item.summary))
             elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
                 arguments = json_object(item.arguments, "arguments") if isinstance(item, FunctionCallItem) \
                     else custom_arguments(item.input)
@@ -342,6 +337,93 @@ class ResponsesRequest(Strict):
                 text = _tool_output_text(item.output)
                 messages.append({"role": "tool", "content": text, "tool_call_id": item.call_id})
         return messages, breaks
+
+
+class CompactRequest(ConversationBody):
+    """POST /v1/responses/compact: the conversation (``input`` after ``previous_response_id``'s) to compact."""
+
+    input: Union[str, Annotated[list[InputItem], Field(min_length=1)], None] = None
+
+    def input_messages(self) -> list[dict]:
+        return [] if self.input is None else super().input_messages()
+
+    @pydantic.model_validator(mode="after")
+    def _something(self) -> "CompactRequest":
+        if self.input is None and self.previous_response_id is None:
+            raise ValueError("nothing to compact: give input, or previous_response_id, or both")
+        return self
+
+    def generation_request(self, conversation: list[dict]) -> GenerationRequest:
+        """The conversation, instructions first, as the request a summary is written for (see api/compaction.py)."""
+        return GenerationRequest(self.model, prompt_param="input", messages=self.instruction_messages() + conversation,
+                                 sampling_defaulted=frozenset(MODEL_SAMPLING.values()), cache_key=self.prompt_cache_key)
+
+
+class ResponsesRequest(ConversationBody):
+    max_output_tokens: Optional[Annotated[int, Field(ge=1)]] = None
+    temperature: Annotated[float, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    stream: bool = False
+    tools: Optional[list[ResponsesTool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], Annotated[
+        Union[NamedFunction, AllowedToolsChoice], Field(discriminator="type")], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    store: Optional[bool] = None
+    metadata: Optional[Metadata] = None
+    text: Optional[TextConfig] = None
+    truncation: Optional[Literal["disabled", "auto"]] = None  # auto: the oldest input goes until the prompt fits
+    user: Optional[User] = None
+    include: Optional[list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]]] = None
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
+    reasoning: Optional[ReasoningConfig] = None
+    max_tool_calls: Optional[Annotated[int, Field(ge=1)]] = None
+    stream_options: Optional[StreamOptions] = None
+    # Accepted as today's clients send them: see docs/PROTOCOLS.rst for what each does here.
+    client_metadata: Optional[dict[str, Any]] = None
+    background: bool = False  # answered after the POST returns: see api/background.py
+    background_options: Optional[BackgroundOptions] = None
+    access_programs: Optional[dict[str, Any]] = None  # one program here, the standard one
+    # Refused: see CANNOT
+    moderation: Optional[dict[str, Any]] = None
+    conversation: Union[str, dict[str, Any], None] = None
+    prompt: Optional[dict[str, Any]] = None
+    context_management: Optional[Annotated[list[Compaction], Field(max_length=1)]] = None
+    # What the SGLang gateway writes into a Responses body: taken at these values (top_k -1 is off)
+    priority: Optional[int] = None  # one queue here: every request is served in turn
+    top_k: Literal[-1, 0] = -1
+    min_p: Annotated[float, Field(ge=0, le=0)] = 0.0
+    repetition_penalty: Annotated[float, Field(ge=1, le=1)] = 1.0
+
+    _refused = pydantic.field_validator("moderation", "conversation", "prompt")(refuse_given)
+
+    @pydantic.field_validator("background")
+    @classmethod
+    def _stored(cls, background: bool, info: pydantic.ValidationInfo) -> bool:
+        if background and info.data.get("store") is False:
+            raise ValueError("a background response is stored, to be polled: background needs store true")
+        return background
+
+    @pydantic.field_validator("context_management")
+    @classmethod
+    def _in_the_foreground(cls, entries: Optional[list[Compaction]],
+                           info: pydantic.ValidationInfo) -> Optional[list[Compaction]]:
+        if entries and info.data.get("background"):
+            raise ValueError("a background response is not compacted here: compact with POST /v1/responses/compact "
+                             "first, or send it in the foreground")
+        return entries
+
+    @pydantic.model_validator(mode="after")
+    def _checks(self) -> "ResponsesRequest":
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        return self
+
+    def compact_threshold(self, context: int) -> Optional[int]:
+        """The prompt tokens past which this request is compacted; None if it asks for no compaction."""
+        if not self.context_management:
+            return None
+        given = self.context_management[0].compact_threshold
+        return given if given is not None else int(context * DEFAULT_COMPACT_SHARE)
 
     def generation_request(self, conversation: list[dict]) -> GenerationRequest:
         """What the body asks for, ``conversation`` (the previous response's and this input) as the prompt."""

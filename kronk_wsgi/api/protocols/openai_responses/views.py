@@ -1,5 +1,6 @@
 """The Responses API's views: create (now or in the background), count input tokens, get, cancel, delete."""
 
+import dataclasses
 import json
 import re
 import time
@@ -14,14 +15,16 @@ from ....serving import offload
 from ....serving.formats import custom_arguments
 from ...background import UNFINISHED, BackgroundRun, resumed
 from ...body import parse_body
+from ...compaction import Plan, compacted, kept, plan_compaction, start_compaction, write_summary
 from ...errors import ApiError, invalid
+from ...planning import GenerationRequest
 from ...response import respond, watched
 from ...schemas import template_tool_call
-from ...sessions import count_prompt_tokens, start_generation, start_later
+from ...sessions import count_prompt_tokens, measure_prompt, start_generation, start_later
 from ...state import record, state
-from .encoder import ResponsesEncoder, new_id
+from .encoder import ResponsesEncoder, compaction_item, new_id, usage_object
 from .protocol import PROTOCOL, bp
-from .schemas import ReasoningItem, ResponsesRequest
+from .schemas import CompactionItem, CompactRequest, ConversationBody, ReasoningItem, ResponsesRequest
 
 log = structlog.get_logger("kronk_wsgi.responses")
 
@@ -41,8 +44,11 @@ def _stored(read: Callable[[str, str], Any], response_id: str, param: Optional[s
     return found
 
 
-def _storer(response_id: str, previous: Optional[str], messages: list[dict]) -> Callable[[dict], None]:
-    """What stores a finished response (``messages`` its input): it waits up to STORE_WAIT_SECONDS for the write.
+def _storer(response_id: str, previous: Optional[str], messages: list[dict],
+            conversation: list[dict]) -> Callable[[dict], None]:
+    """What stores a finished response (``messages`` its input, ``conversation`` all it continues): it waits up to
+    STORE_WAIT_SECONDS for the write. A response that compacted its conversation starts a conversation anew: the
+    compacted one.
 
     A failed write is an ApiError (500 ``store_failed``), in time for the client to hear of it; a write
     that takes longer goes on in the store thread, before any later read of this worker.
@@ -50,8 +56,11 @@ def _storer(response_id: str, previous: Optional[str], messages: list[dict]) -> 
     kronk, owner = state(), record().owner
 
     def write(final: dict) -> None:
+        summary = next((kronk.sealer.open(item["encrypted_content"]) for item in final["output"]
+                        if item["type"] == "compaction"), None)
+        continues, added = (previous, messages) if summary is None else (None, compacted(conversation, summary))
         try:
-            kronk.responses.put(final, owner, previous, messages + [_assistant_message(final["output"])])
+            kronk.responses.put(final, owner, continues, added + [_assistant_message(final["output"])])
         except Exception as exc:  # sqlite3's and the file system's errors
             log.error("response not stored", response_id=response_id, error=f"{type(exc).__name__}: {exc}")
             raise
@@ -68,16 +77,19 @@ def _storer(response_id: str, previous: Optional[str], messages: list[dict]) -> 
     return store_response
 
 
-def _open_sealed(body: "ResponsesRequest") -> None:
-    """400 naming the item if reasoning handed back sealed was not sealed here, or was changed."""
+def _open_sealed(body: ConversationBody) -> None:
+    """Open each compaction item's summary; 400 naming the item if it, or reasoning handed back sealed, was not
+    sealed here, or was changed."""
     sealer = state().sealer
-    for index, item in enumerate(body.input if isinstance(body.input, list) else ()):
-        if isinstance(item, ReasoningItem) and item.encrypted_content is not None:
+    for index, item in enumerate(body.input_items()):
+        if isinstance(item, (ReasoningItem, CompactionItem)) and item.encrypted_content is not None:
             try:
-                sealer.open(item.encrypted_content)
+                opened = sealer.open(item.encrypted_content)
             except ValueError as exc:
                 raise invalid(f"input[{index}].encrypted_content: {exc}",
                               param=f"input[{index}].encrypted_content") from None
+            if isinstance(item, CompactionItem):
+                item.opened(opened)
 
 
 def _assistant_message(output: list[dict]) -> dict:
@@ -108,9 +120,13 @@ def responses():
     body = parse_body(ResponsesRequest)
     _open_sealed(body)
     previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
-    request = body.generation_request(previous + body.input_messages())
+    conversation = previous + body.input_messages()
+    request = body.generation_request(conversation)
+    compaction = _compaction(body, request, conversation)
     response_id = new_id("resp_")
-    if body.background:
+    if compaction is not None:
+        session = start_compaction(compaction)
+    elif body.background:
         run = BackgroundRun(state(), response_id, record().owner)
         try:
             admit = start_later(request)
@@ -141,12 +157,50 @@ def responses():
         "usage": None, "user": body.user, "metadata": body.metadata or {},
     }
 
-    store_response = _storer(response_id, body.previous_response_id, body.input_messages()) if store else None
-    seal = state().sealer.seal if "reasoning.encrypted_content" in (body.include or ()) else None
-    encoder = ResponsesEncoder(base, store_response, seal, body.namespaces(), body.custom_tools())
+    store_response = _storer(response_id, body.previous_response_id, body.input_messages(), conversation) \
+        if store else None
+    sealer = state().sealer
+    seal = sealer.seal if "reasoning.encrypted_content" in (body.include or ()) else None
+    encoder = ResponsesEncoder(base, store_response, seal, body.namespaces(), body.custom_tools(), sealer.seal)
     if body.background:
         return run.start(admit, encoder, store_response, body.stream)
     return respond(session, encoder, body.stream)
+
+
+def _compaction(body: ResponsesRequest, request: GenerationRequest, conversation: list[dict]) -> Optional[Plan]:
+    """How the request is compacted, if it asks to be and its prompt is past its threshold; else None."""
+    if not body.context_management:
+        return None
+    tokens, context = measure_prompt(request)
+    threshold = body.compact_threshold(context)
+    if threshold is None or tokens <= threshold:
+        return None
+    log.info("conversation to compact", prompt_tokens=tokens, compact_threshold=threshold)
+    return plan_compaction(request, lambda summary: dataclasses.replace(
+        body.generation_request(compacted(conversation, summary)), cache_breaks=()))
+
+
+@bp.post("/v1/responses/compact")
+def compact():
+    """The conversation compacted: its user, system and developer messages, then the model's summary of it all
+    as a compaction item (sealed), to send as the input of the requests that follow."""
+    body = parse_body(CompactRequest)
+    _open_sealed(body)
+    previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
+    conversation = previous + body.input_messages()
+    request = body.generation_request(conversation)
+    plan = plan_compaction(request, lambda summary: dataclasses.replace(
+        request, messages=body.instruction_messages() + compacted(conversation, summary)))
+    summary, finished = write_summary(plan)
+    output = [_kept_item(message) for message in conversation if kept(message)]
+    output.append(compaction_item(new_id("cmp_"), state().sealer.seal(summary)))
+    return jsonify({"id": new_id("cmp_"), "object": "response.compaction", "created_at": int(time.time()),
+                    "output": output, "usage": usage_object(finished.usage)})
+
+
+def _kept_item(message: dict) -> dict:
+    return {"id": new_id("msg_"), "type": "message", "status": "completed", "role": message["role"],
+            "content": [{"type": "input_text", "text": message["content"]}]}
 
 
 @bp.post("/v1/responses/input_tokens")

@@ -68,6 +68,25 @@ def test_disconnect_mid_stream_frees_the_slot(slow_steps):
     assert metric(slow_steps, "kronk_active_generations", model="tiny") == 0
 
 
+def test_a_client_gone_while_its_conversation_is_compacted_frees_the_slot(slow_steps):
+    body = {"model": "tiny", "input": "Hello there " * 10, "stream": True, "max_output_tokens": 500,
+            "context_management": [{"type": "compaction", "compact_threshold": 5}]}
+    raw = RawStream(slow_steps.host, slow_steps.port, "/v1/responses", body)
+    frames = raw.frames()
+    seen = []
+    for _, frame in frames:  # the summary is written at 0.4 s a token: keep-alives go out meanwhile
+        seen.append(frame)
+        if frame == ": keep-alive" and any("response.compaction.compacting" in f for f in seen):
+            break
+    raw.close()
+    started = time.monotonic()
+    response = slow_steps.post(CHAT, {"model": "tiny", "messages": HELLO, "max_tokens": 1})
+    assert response.status_code == 200
+    assert time.monotonic() - started < 3.0  # the summary's generation stopped: the slot was free
+    until(lambda: '"outcome": "client_gone"' in slow_steps.logs())
+    assert metric(slow_steps, "kronk_active_generations", model="tiny") == 0
+
+
 @pytest.fixture(scope="module")
 def slow_prefill(tiny_model, tmp_path_factory):
     """Each 8-token prefill chunk takes 0.3 s: a ~60-token prompt is a silent ~2.4 s."""

@@ -18,6 +18,7 @@ from .api.sealing import Sealer
 from .api.state import KronkState
 from .config import LOOPBACK_HOSTS, FIELDS, Settings, cache_dir, config_key, read_config, settings_from_config
 from .logs import configure_logging
+from .mcp_servers.client import McpServers
 from .metrics import Metrics
 from .serving.pool import ModelPool
 
@@ -60,7 +61,7 @@ class Kronk:
                               settings.responses_max_mb * 1_000_000)
         sealer = Sealer(cache_dir() / "reasoning.key")
         app.extensions["kronk"] = KronkState(settings, pool, metrics, body_thread, store, ThreadPool(1), sealer,
-                                             PROTOCOLS, prefix)
+                                             PROTOCOLS, McpServers(settings.mcp_servers), prefix)
         api = Blueprint("kronk", __name__)
         for protocol in PROTOCOLS.all:
             api.register_blueprint(protocol.blueprint)

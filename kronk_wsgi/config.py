@@ -153,6 +153,40 @@ class ModelSpec(BaseModel):
         return self
 
 
+class McpServerSpec(BaseModel):
+    """One MCP server the operator lets this server call, as llama-server's ``mcpServers`` JSON has it: a
+    ``command`` (with ``args``, ``env``, ``cwd``) run over stdio, or a streamable HTTP ``url`` (with ``headers``);
+    ``timeout_ms`` for each call."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Optional[Literal["stdio", "http", "streamable-http", "streamableHttp"]] = None
+    command: Optional[str] = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: Optional[str] = None
+    url: Optional[Annotated[str, Field(pattern=r"^https?://")]] = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_ms: int = Field(30_000, ge=1)
+
+    @pydantic.model_validator(mode="after")
+    def _one_way(self) -> "McpServerSpec":
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP server has a command (stdio) or a url (streamable HTTP), one of them")
+        return self
+
+
+def _mcp_servers_from_text(value: Any) -> Any:
+    """MCP servers from the environment or a flag: JSON, or the path of a JSON file; either llama-server's
+    ``{"mcpServers": {...}}`` or the mapping itself."""
+    if isinstance(value, str):
+        text = value if value.lstrip().startswith("{") else Path(value).expanduser().read_text()
+        value = json.loads(text)
+    if isinstance(value, dict) and set(value) == {"mcpServers"}:
+        value = value["mcpServers"]
+    return value
+
+
 def _models_from_text(value: Any) -> Any:
     """Models from the environment: JSON, or ``id=path[,id=path...]``; any other value as it is."""
     if not isinstance(value, str):
@@ -233,12 +267,23 @@ class Settings(BaseModel):
     # the gRPC workers added and removed through the admin API. Default: a directory `kronk-wsgi serve` makes for
     # its workers; embedded, one per process unless set.
     runner_dir: Optional[str] = None
+    # The MCP servers whose tools this server may call (GET and POST /tools): by name (see McpServerSpec)
+    mcp_servers: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")], McpServerSpec] = Field(
+        default_factory=dict)
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")
     @classmethod
     def _parse_models(cls, value: Any) -> Any:
         return _models_from_text(value)
+
+    @pydantic.field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _parse_mcp_servers(cls, value: Any) -> Any:
+        try:
+            return _mcp_servers_from_text(value)
+        except OSError as exc:
+            raise ValueError(f"the MCP servers' file cannot be read: {exc}") from None
 
     @pydantic.model_validator(mode="before")
     @classmethod

@@ -6,10 +6,12 @@ import weakref
 from typing import TYPE_CHECKING, Optional
 
 import gevent
+import structlog
 from flask import current_app, g, request
 from gevent.threadpool import ThreadPool
 
 from ..config import Settings
+from ..mcp_servers.client import McpServers, McpUnavailable
 from ..metrics import Metrics
 from ..model_registry import ModelRegistry
 from ..serving.pool import ModelPool, ModelUnavailable
@@ -20,6 +22,8 @@ from .sealing import Sealer
 if TYPE_CHECKING:
     from .background import BackgroundRun
     from .protocol import Protocols
+
+log = structlog.get_logger("kronk_wsgi.state")
 
 
 @dataclasses.dataclass
@@ -34,6 +38,7 @@ class KronkState:
     store_thread: ThreadPool  # every call to the Responses store, one at a time
     sealer: Sealer  # seals the reasoning a Responses client keeps
     protocols: "Protocols"
+    mcp: McpServers  # the operator's MCP servers' tools
     url_prefix: str = ""  # where the API is mounted
     # The requests begun and not yet logged as completed: what a dying worker cuts.
     open_requests: "weakref.WeakSet[RequestRecord]" = dataclasses.field(default_factory=weakref.WeakSet)
@@ -47,6 +52,15 @@ class KronkState:
         if not self.started:
             self.started = True
             gevent.spawn(self._load_default)
+            if self.mcp:
+                gevent.spawn(self._list_tools)
+
+    def _list_tools(self) -> None:
+        """Start the MCP servers and list their tools, as llama-server does at its start."""
+        try:
+            self.mcp.tools()
+        except McpUnavailable as exc:
+            log.warning("MCP tools not listed", error=str(exc))  # listed again on the next ask
 
     def _load_default(self) -> None:
         try:

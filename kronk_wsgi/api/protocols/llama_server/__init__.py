@@ -6,10 +6,10 @@ Requests without ``model`` go to the default model. Fields follow llama-server's
 docs/PROTOCOLS.rst says what each does here, and which values are refused and why.
 
 Its parts: the protocol (protocol.py), the bodies (schemas.py), the routes (views.py), the stream and answer
-objects (encoder.py), the router's model endpoints (router.py), the slot actions (slots.py).
+objects (encoder.py), the router's model endpoints (router.py), the slot actions (slots.py), the MCP tools (tools.py).
 """
 
-from . import router, slots, views  # noqa: F401 (their routes join the blueprint)
+from . import router, slots, tools, views  # noqa: F401 (their routes join the blueprint)
 from .protocol import PROTOCOL
 
 __all__ = ["PROTOCOL"]

@@ -23,7 +23,7 @@ VALUED = {"--batch-size", "--ubatch-size", "-ctk", "-ctv", "-fa", "--n-gpu-layer
           "--reasoning-format", "--reasoning", "--grp-attn-n", "--grp-attn-w", "--tags", "--cache-ram",
           "--sleep-idle-seconds", "--lora", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
           "--model-draft", "--mmproj-url", "--media-path", "--models-dir", "--models-max", "--models-preset",
-          "--cors-origins", "--tools", "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json",
+          "--cors-origins", "--tools", "--tools-runtime",
           "--slot-save-path", "--spec-synth-len", "--spec-synth-rates", "--model-url"}
 # llama-server's sampling flags: the model's sampling defaults, by their names there
 SAMPLING = {"--temp": ("temperature", float), "--seed": ("seed", int), "--top-k": ("top_k", int),
@@ -86,9 +86,13 @@ def main(argv: list[str]) -> None:
         env["KRONK_API_KEYS"] = options["--api-key"]
     if "--threads" in options:
         env["KRONK_THREADS"] = options["--threads"]
+    for flag in ("--mcp-servers-json", "--mcp-servers-config"):  # JSON, or the path of a JSON file: the same setting
+        if flag in options:
+            env["KRONK_MCP_SERVERS"] = options[flag]
     unknown = sorted(set(options) - {"--port", "--host", "--model", "--hf-repo", "--hf-file", "--alias",
                                      "--parallel", "--ctx-size", "--n-predict", "--chat-template",
-                                     "--chat-template-file", "--api-key", "--threads", *SAMPLING})
+                                     "--chat-template-file", "--api-key", "--threads", "--mcp-servers-json",
+                                     "--mcp-servers-config", *SAMPLING})
     print(f"llama_server_shim: left {left + unknown}", file=sys.stderr, flush=True)
     host = options.get("--host", "127.0.0.1").split(",")[0]
     server = subprocess.Popen([sys.executable, "-m", "kronk_wsgi.cli", "serve", "--bind",

@@ -270,6 +270,9 @@ class Settings(BaseModel):
     # The MCP servers whose tools this server may call (GET and POST /tools): by name (see McpServerSpec)
     mcp_servers: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")], McpServerSpec] = Field(
         default_factory=dict)
+    # The URL prefixes of the MCP servers a request may name (Responses' mcp tools, Anthropic's mcp_servers), each
+    # scheme, host and port and a path from "/"; empty: a request may name only mcp_servers, by their names
+    mcp_allow: list[Annotated[str, Field(pattern=r"^https?://[^/?#]+/")]] = Field(default_factory=list)
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")
@@ -295,7 +298,7 @@ class Settings(BaseModel):
                 return {**data, "default_model": next(iter(models))}
         return data
 
-    @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", "allowed_hosts", mode="before")
+    @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", "allowed_hosts", "mcp_allow", mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         """From the environment: comma-separated, or a JSON list."""

@@ -27,15 +27,17 @@ HI = [{"role": "user", "content": "hi"}]
 SAFE = {"GET", "HEAD", "OPTIONS"}
 
 # Every route an ordinary API key may call with a method other than GET: each generates, counts, renders or reads
-# for the caller, or changes only what is the caller's own (its stored responses). Any other such route changes
+# for the caller, calls a tool the operator's MCP servers offer every request (/tools), or changes only what is the
+# caller's own (its stored responses). Any other such route changes
 # what the server holds and must be under its protocol's admin_paths.
 ORDINARY_WRITES = {
     "/v1/chat/completions", "/chat/completions", "/v1/chat/completions/input_tokens", "/v1/completions",
-    "/v1/embeddings", "/v1/responses", "/v1/responses/input_tokens", "/v1/responses/<response_id>/cancel",
+    "/v1/embeddings", "/v1/responses", "/v1/responses/input_tokens", "/v1/responses/compact",
+    "/v1/responses/<response_id>/cancel",
     "/v1/responses/<response_id>", "/v1/messages", "/v1/messages/count_tokens", "/v1/tokenize", "/v1/detokenize",
     "/v2/rerank", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/rerank", "/api/show",
     "/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props",
-    "/rerank", "/reranking", "/v1/rerank", "/v1/reranking",
+    "/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/tools",
 }
 
 

@@ -96,3 +96,104 @@ def test_bad_mcp_settings_stop_the_server_at_its_start(tiny_model, tmp_path):
         with pytest.raises(Exception, match="mcp_servers"):
             with run_server(tmp_path, env):
                 pass
+
+
+def _echo_call(message: str) -> str:
+    return '<tool_call>\n{"name": "echo", "arguments": {"message": "%s"}}\n</tool_call>' % message
+
+
+@pytest.fixture(scope="module")
+def scripted_mcp(tiny_model, tmp_path_factory, http_mcp):
+    from .support.scripted import run_scripted
+
+    tmp = tmp_path_factory.mktemp("mcp-scripted")
+    servers = {"local": {"command": sys.executable, "args": [SERVER_SCRIPT]}}
+    os.environ["KRONK_MCP_SERVERS"] = json.dumps(servers)
+    os.environ["KRONK_MCP_ALLOW"] = http_mcp.removesuffix("mcp")
+    try:
+        with run_scripted(tmp, {"tiny": {"path": str(tiny_model), "engine": "tests.support.scripted:KIND"}},
+                          "tiny") as server:
+            yield server
+    finally:
+        del os.environ["KRONK_MCP_SERVERS"], os.environ["KRONK_MCP_ALLOW"]
+
+
+def test_responses_mcp_tools_are_listed_called_and_answered_in_one_response(scripted_mcp):
+    import openai
+
+    client = openai.OpenAI(base_url=scripted_mcp.url + "/v1", api_key="unused", max_retries=0)
+    local = {"type": "mcp", "server_label": "local", "require_approval": "never"}
+    scripted_mcp.say(_echo_call("hi"), "The echo said hi.")
+    response = client.responses.create(model="tiny", input="Echo hi", tools=[local])
+    kinds = [item.type for item in response.output]
+    assert kinds == ["mcp_list_tools", "mcp_call", "message"], kinds
+    listing, call, _ = response.output
+    assert {"echo", "add", "fail"} <= {t.name for t in listing.tools}
+    assert (call.name, call.server_label, call.output, call.error) == ("echo", "local", "echo: hi", None)
+    assert response.output_text == "The echo said hi."
+    scripted_mcp.say(_echo_call("again"), "Done.")
+    events = list(client.responses.create(model="tiny", input="Echo again", tools=[local], stream=True))
+    kinds = [e.type for e in events]
+    for kind in ("response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed",
+                 "response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
+                 "response.mcp_call_arguments.done", "response.mcp_call.completed", "response.completed"):
+        assert kind in kinds, (kind, kinds)
+    final = events[-1].response
+    assert [i.type for i in final.output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert final.output[1].output == "echo: again"
+    # The stored conversation has the call and its answer, as the same items handed back would give them.
+    def count(**fields) -> int:
+        return scripted_mcp.post("/v1/responses/input_tokens", {"model": "tiny", **fields}).json()["input_tokens"]
+
+    handed_back = [{"role": "user", "content": "Echo again"}, final.output[1].model_dump(exclude_none=True),
+                   {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Did it work?"}]
+    assert count(previous_response_id=final.id, input="Did it work?") == count(input=handed_back)
+
+
+def test_a_call_waits_for_approval_and_runs_once_approved(scripted_mcp):
+    import openai
+
+    client = openai.OpenAI(base_url=scripted_mcp.url + "/v1", api_key="unused", max_retries=0)
+    local = {"type": "mcp", "server_label": "local"}  # require_approval: always, as OpenAI's default
+    scripted_mcp.say(_echo_call("approve me"))
+    asked = client.responses.create(model="tiny", input="Echo", tools=[local])
+    assert [i.type for i in asked.output] == ["mcp_list_tools", "mcp_approval_request"]
+    request = asked.output[1]
+    scripted_mcp.say("It echoed.")
+    approved = client.responses.create(model="tiny", previous_response_id=asked.id, tools=[local], input=[
+        {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}])
+    assert [i.type for i in approved.output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert approved.output[1].approval_request_id == request.id and approved.output[1].output == "echo: approve me"
+    scripted_mcp.say("Declined, then.")
+    declined = client.responses.create(model="tiny", previous_response_id=asked.id, tools=[local], input=[
+        {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}])
+    assert [i.type for i in declined.output] == ["mcp_list_tools", "message"]
+
+
+def test_a_request_names_only_servers_the_operator_allows(scripted_mcp, http_mcp):
+    remote = {"type": "mcp", "server_label": "remote", "server_url": http_mcp, "require_approval": "never",
+              "allowed_tools": ["add"], "headers": {"X-Secret": "s3cret"}}
+    scripted_mcp.say('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>', "Four.")
+    answer = scripted_mcp.post("/v1/responses", {"model": "tiny", "input": "2+2", "tools": [remote]})
+    assert answer.status_code == 200, answer.text
+    listing, call, _ = answer.json()["output"]
+    assert [t["name"] for t in listing["tools"]] == ["add"] and call["output"] == "4.0", json.dumps(call)
+    assert "s3cret" not in answer.text  # the request's headers are not echoed
+    elsewhere = dict(remote, server_url="http://127.0.0.1:9/mcp")
+    refused = scripted_mcp.post("/v1/responses", {"model": "tiny", "input": "x", "tools": [elsewhere]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools[0].server_url"
+    unknown = scripted_mcp.post("/v1/responses", {"model": "tiny", "input": "x", "tools": [
+        {"type": "mcp", "server_label": "nobody"}]})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "tools[0].server_label"
+
+
+def test_a_failing_tool_is_the_models_to_read_not_a_500(scripted_mcp):
+    local = {"type": "mcp", "server_label": "local", "require_approval": "never"}
+    scripted_mcp.say('<tool_call>\n{"name": "fail", "arguments": {"reason": "no such city"}}\n</tool_call>',
+                     "It failed.")
+    answer = scripted_mcp.post("/v1/responses", {"model": "tiny", "input": "x", "tools": [local]})
+    assert answer.status_code == 200, answer.text
+    call = answer.json()["output"][1]
+    assert call["status"] == "failed" and call["error"]["type"] == "mcp_tool_execution_error"
+    assert "no such city" in call["error"]["content"][0]["text"]
+    assert answer.json()["output_text"] == "It failed."

@@ -24,7 +24,8 @@ from flask import Response
 
 from ..serving import offload
 from ..serving.events import (
-    ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, Failed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta,
+    ApprovalAsked, ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, Failed, ServerToolCall, ServerToolResult,
+    ToolsListed, Finished, KeepAlive, Logprobs, PromptCached, ReasoningDelta, TextDelta,
     TokenIds, TokenLogprob, ToolCall, ToolCallStart, coalesce,
 )
 from ..serving.session import Session
@@ -130,6 +131,22 @@ class Encoder(abc.ABC):
         """Frames for a compaction's written summary."""
         raise NotImplementedError(f"{type(self).__name__} does not compact")
 
+    def tools_listed(self, event: ToolsListed) -> Iterator[str]:
+        """Frames for the listing of a server's tools the server runs (only protocols that run tools get one)."""
+        raise NotImplementedError(f"{type(self).__name__} runs no tools")
+
+    def server_call(self, event: ServerToolCall) -> Iterator[str]:
+        """Frames for a call of a tool the server runs."""
+        raise NotImplementedError(f"{type(self).__name__} runs no tools")
+
+    def server_result(self, event: ServerToolResult) -> Iterator[str]:
+        """Frames for its result."""
+        raise NotImplementedError(f"{type(self).__name__} runs no tools")
+
+    def approval_asked(self, event: ApprovalAsked) -> Iterator[str]:
+        """Frames for a call that waits for the client's approval."""
+        raise NotImplementedError(f"{type(self).__name__} runs no tools")
+
     def call_start(self, event: ToolCallStart) -> Iterator[str]:
         """Frames for the start of a tool call whose arguments follow; none where the protocol sends calls whole
         (the ToolCall that ends it has them all)."""
@@ -178,7 +195,8 @@ class Encoder(abc.ABC):
             TextDelta: self.text, ReasoningDelta: self.reasoning, Logprobs: self.logprobs, TokenIds: self.token_ids,
             ToolCallStart: self.call_start, ArgumentsDelta: self.call_arguments, ToolCall: self.tool_call,
             ChoiceEnd: self.choice_end, Finished: self.finished, Failed: self.failed, Compacting: self.compacting,
-            Compacted: self.compacted,
+            Compacted: self.compacted, ToolsListed: self.tools_listed, ServerToolCall: self.server_call,
+            ServerToolResult: self.server_result, ApprovalAsked: self.approval_asked,
         }
         for event in events:
             if isinstance(event, KeepAlive):

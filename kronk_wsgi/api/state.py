@@ -52,7 +52,7 @@ class KronkState:
         if not self.started:
             self.started = True
             gevent.spawn(self._load_default)
-            if self.mcp:
+            if self.mcp.servers:
                 gevent.spawn(self._list_tools)
 
     def _list_tools(self) -> None:

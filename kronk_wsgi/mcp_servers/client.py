@@ -22,6 +22,8 @@ log = structlog.get_logger("kronk_wsgi.mcp")
 
 ANSWER_MARGIN = 5.0  # seconds a call waits past its server's own timeout for the host's answer
 MOST_OUTPUT = 256 * 1024  # characters of a tool's result kept; the rest is cut, and the cut said
+REQUEST_SERVER_MS = 30_000  # a request's own server's time for each listing and call
+EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
 
 class McpUnavailable(Exception):
@@ -30,13 +32,17 @@ class McpUnavailable(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class McpTool:
-    """One tool of one MCP server, under the name it is offered by (``<server>_<tool>``)."""
+    """One tool of one MCP server, under the name it is offered by: ``<server>_<tool>`` for the operator's servers;
+    a request's own server (``url``, reached with ``headers``) names them as the request wants."""
 
     name: str
     server: str
     tool: str
     description: str
     parameters: dict
+    read_only: bool = False  # annotated readOnlyHint by its server
+    url: Optional[str] = None
+    headers: tuple[tuple[str, str], ...] = ()
 
     def definition(self) -> dict:
         """The tool as a chat request's function."""
@@ -46,10 +52,12 @@ class McpTool:
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
-    """What a call gave: the tool's text, or why there is none (``error``)."""
+    """What a call gave: the tool's text, or why there is none (``error``; ``by_tool``: the tool's own failure,
+    else its server's, or the host's)."""
 
     text: str = ""
     error: Optional[str] = None
+    by_tool: bool = False
 
 
 class McpServers:
@@ -65,9 +73,6 @@ class McpServers:
         self._tools: Optional[dict[str, McpTool]] = None
         self.failed: dict[str, str] = {}  # servers that did not start, and why
 
-    def __bool__(self) -> bool:
-        return bool(self.servers)
-
     def tools(self) -> dict[str, McpTool]:
         """Every server's tools by name, listed once (a name two servers would share goes to the first)."""
         if self._tools is None:
@@ -75,7 +80,7 @@ class McpServers:
             tools: dict[str, McpTool] = {}
             for found in listing["tools"]:
                 tool = McpTool(f"{found['server']}_{found['name']}", found["server"], found["name"],
-                               found["description"], found["input_schema"] or {"type": "object", "properties": {}})
+                               found["description"], found["input_schema"] or EMPTY_SCHEMA, found["read_only"])
                 if tool.name in tools:
                     log.warning("MCP tool name taken: left out", tool=tool.name, server=tool.server)
                     continue
@@ -84,12 +89,26 @@ class McpServers:
             self._tools = tools
         return self._tools
 
+    def tools_at(self, label: str, url: str, headers: dict[str, str]) -> list[McpTool]:
+        """The tools of a server a request names (checked against the mcp_allow setting), by their own names;
+        McpUnavailable if it cannot be reached."""
+        answer = self._ask({"op": "list", "url": url, "headers": headers, "timeout_ms": REQUEST_SERVER_MS},
+                           REQUEST_SERVER_MS / 1000 + ANSWER_MARGIN)
+        if "error" in answer:
+            raise McpUnavailable(answer["error"])
+        return [McpTool(t["name"], label, t["name"], t["description"], t["input_schema"] or EMPTY_SCHEMA,
+                        t["read_only"], url, tuple(headers.items())) for t in answer["tools"]]
+
     def call(self, tool: McpTool, arguments: dict) -> ToolResult:
         """Call ``tool``; its error, the server's, or a timeout come back as the result's ``error``."""
-        timeout = self.servers[tool.server].timeout_ms / 1000 + ANSWER_MARGIN
+        if tool.url is not None:
+            ms = REQUEST_SERVER_MS
+            where = {"url": tool.url, "headers": dict(tool.headers), "timeout_ms": ms}
+        else:
+            where, ms = {"server": tool.server}, self.servers[tool.server].timeout_ms
         try:
-            answer = self._ask({"op": "call", "server": tool.server, "tool": tool.tool, "arguments": arguments},
-                               timeout)
+            answer = self._ask({"op": "call", **where, "tool": tool.tool, "arguments": arguments},
+                               ms / 1000 + ANSWER_MARGIN)
         except McpUnavailable as exc:
             return ToolResult(error=str(exc))
         if "error" in answer:
@@ -98,7 +117,7 @@ class McpServers:
         if len(text) > MOST_OUTPUT:
             text = text[:MOST_OUTPUT] + f"\n[cut: the result had {len(text)} characters, {MOST_OUTPUT} are kept]"
         if answer["is_error"]:
-            return ToolResult(error=text or "the tool failed")
+            return ToolResult(error=text or "the tool failed", by_tool=True)
         return ToolResult(text)
 
     def _ask(self, request: dict, timeout: float) -> dict:

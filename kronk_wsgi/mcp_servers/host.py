@@ -6,7 +6,9 @@ of its own: so the sessions live here, in plain asyncio, and the worker only wri
 client.py). Requests: ``{"id", "op": "tools"}`` answers ``{"id", "tools": [{server, name, description,
 input_schema}], "failed": {server: why}}``; ``{"id", "op": "call", "server", "tool", "arguments"}`` answers
 ``{"id", "text", "is_error"}``, or ``{"id", "error"}`` when the server could not be asked or did not answer in
-its ``timeout_ms``. The host ends when its stdin closes (its worker is gone).
+its ``timeout_ms``. With ``"url"`` and ``"headers"`` in place of ``"server"`` (a server a request names, that
+the worker checked it may reach), ``{"op": "list"}`` and ``{"op": "call"}`` each talk to it in a session of
+their own. The host ends when its stdin closes (its worker is gone).
 """
 
 import asyncio
@@ -121,6 +123,13 @@ class Server:
         return {"text": _text(result), "is_error": bool(result.is_error)}
 
 
+def _tool(server: str, tool: Any) -> dict:
+    annotations = getattr(tool, "annotations", None)
+    return {"server": server, "name": tool.name, "description": tool.description or "",
+            "input_schema": tool.input_schema if isinstance(tool.input_schema, dict) else {},
+            "read_only": bool(getattr(annotations, "read_only_hint", False))}
+
+
 def _reason(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -144,23 +153,45 @@ class Host:
 
         await asyncio.gather(*(start(s) for s in self.servers.values()))
 
+    @staticmethod
+    async def _once(request: dict) -> dict:
+        """A request's own server, asked once: its tools, or a call."""
+        server = Server(request["url"], {"url": request["url"], "headers": request.get("headers") or {},
+                                         "timeout_ms": request["timeout_ms"]})
+        try:
+            await server.connect()
+        except Exception as exc:
+            return {"error": f"the MCP server at {request['url']} is unavailable: {_reason(exc)}"}
+        try:
+            if request["op"] == "list":
+                return {"tools": [_tool(server.name, t) for t in server.tools]}
+            return await server.call(request["tool"], request.get("arguments") or {})
+        finally:
+            await server.close()
+
     def listing(self) -> dict:
-        tools = [{"server": s.name, "name": t.name, "description": t.description or "",
-                  "input_schema": t.input_schema if isinstance(t.input_schema, dict) else {}}
-                 for s in self.servers.values() for t in s.tools]
+        tools = [_tool(s.name, t) for s in self.servers.values() for t in s.tools]
         return {"tools": tools, "failed": self.failed}
 
     async def answer(self, line: bytes, writer: asyncio.StreamWriter) -> None:
         request = json.loads(line)
-        if request["op"] == "tools":
-            answer = self.listing()
-        else:
-            server = self.servers.get(request["server"])
-            answer = {"error": f"no MCP server is named {request['server']!r}"} if server is None else \
-                await server.call(request["tool"], request.get("arguments") or {})
+        try:
+            answer = await self._answer(request)
+        except Exception as exc:  # a request this host cannot read: said, so its caller does not wait for it
+            answer = {"error": f"the MCP host could not answer: {_reason(exc)}"}
         async with self._out:
             writer.write((json.dumps({"id": request["id"], **answer}) + "\n").encode())
             await writer.drain()
+
+    async def _answer(self, request: dict) -> dict:
+        if "url" in request:
+            return await self._once(request)
+        if request["op"] == "tools":
+            return self.listing()
+        server = self.servers.get(request["server"])
+        if server is None:
+            return {"error": f"no MCP server is named {request['server']!r}"}
+        return await server.call(request["tool"], request.get("arguments") or {})
 
 
 async def main() -> None:

@@ -169,8 +169,51 @@ class Compacted:
     usage: Usage
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolsListed:
+    """The tools of a server the request lets the model use, listed before the model began (or why they are not:
+    ``error``); each tool a dict of its ``name``, ``description`` and ``input_schema``."""
+
+    server: str
+    tools: tuple[dict, ...] = ()
+    error: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerToolCall:
+    """The model called a tool the server runs (``tool`` of ``server``); its result follows."""
+
+    call: ToolCall
+    server: str
+    tool: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerToolResult:
+    """A server-run tool's result: its text, or ``error`` (``by_tool``: the tool's own failure, else its server's);
+    ``approval`` names the request for approval the client answered, if the call waited for one."""
+
+    call: ToolCall
+    server: str
+    tool: str
+    output: str = ""
+    error: Optional[str] = None
+    by_tool: bool = False
+    approval: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalAsked:
+    """The model called a server-run tool that waits for the client's approval: the answer ends here."""
+
+    call: ToolCall
+    server: str
+    tool: str
+
+
 Event = (TextDelta | ReasoningDelta | Logprobs | TokenIds | ToolCallStart | ArgumentsDelta | ToolCall | ChoiceEnd
-         | Embedding | KeepAlive | PromptCached | Finished | Failed | Compacting | Compacted)
+         | Embedding | KeepAlive | PromptCached | Finished | Failed | Compacting | Compacted | ToolsListed
+         | ServerToolCall | ServerToolResult | ApprovalAsked)
 KEEPALIVE = KeepAlive()
 
 

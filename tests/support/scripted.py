@@ -7,7 +7,8 @@ grammar may allow only one of them). A script that ends with FREE leaves the
 model free after its text: the real logits follow; with ENDLESS, the real logits
 but EOS, so the model writes on until max_tokens (or until the server ends it).
 Tokenizing, prefill, decoding and detokenizing stay the real engine's. Used
-to make the model write tool calls, which a random tiny model never does.
+to make the model write tool calls, which a random tiny model never does. A script of parts joined by NEXT
+is taken a part a prompt (the last part stays), for a request that prompts the model more than once.
 """
 
 import contextlib
@@ -24,6 +25,7 @@ from kronk_wsgi.testing import Server, models_config, run_server
 
 FREE = "<<free>>"
 ENDLESS = "<<endless>>"
+NEXT = "<<next>>"
 
 
 class ScriptedSlot(CTransformersSlot):
@@ -31,7 +33,10 @@ class ScriptedSlot(CTransformersSlot):
 
     def evaluate(self, tokens, cancelled=lambda: False, chunk=None):
         self._start = len(tokens)
-        script = Path(os.environ["KRONK_TEST_SCRIPT_FILE"]).read_text()
+        path = Path(os.environ["KRONK_TEST_SCRIPT_FILE"])
+        script, *rest = path.read_text().split(NEXT)
+        if rest:
+            path.write_text(NEXT.join(rest))
         self._endless = script.endswith(ENDLESS)
         self._free = script.endswith(FREE) or self._endless
         self._script = self._tokens(script.removesuffix(FREE).removesuffix(ENDLESS))
@@ -73,11 +78,11 @@ KIND = dataclasses.replace(ctransformers_engine.KIND, name="scripted", engine=Sc
 @contextlib.contextmanager
 def run_scripted(tmp: Path, models: dict, default_model: str) -> Iterator[Server]:
     """A server of ``models`` (each given "engine": this module's KIND to follow the script) whose
-    ``say(text)`` sets what the scripted models write next."""
+    ``say(*texts)`` sets what the scripted models write next (each text for one prompt, the last for the rest)."""
     script = tmp / "script.txt"
     script.write_text("")
     env = {"KRONK_CONFIG": str(models_config(tmp / "models.toml", models)), "KRONK_DEFAULT_MODEL": default_model,
            "KRONK_TEST_SCRIPT_FILE": str(script)}
     with run_server(tmp, env) as server:
-        server.say = script.write_text
+        server.say = lambda *texts: script.write_text(NEXT.join(texts))
         yield server

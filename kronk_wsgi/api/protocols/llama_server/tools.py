@@ -32,7 +32,7 @@ def _listed(mcp: McpServers) -> dict:
 def list_tools():
     """Every MCP tool, as llama-server lists its tools."""
     mcp = state().mcp
-    tools = _listed(mcp).values() if mcp else ()
+    tools = _listed(mcp).values() if mcp.servers else ()
     return jsonify([{"display_name": t.name, "tool": t.name, "type": "mcp", "permissions": {"write": False},
                      "uses_cwd": False, "definition": t.definition()} for t in tools])
 
@@ -42,7 +42,7 @@ def call_tool():
     """Call one tool with ``params``: ``{"plain_text_response": text}``, or ``{"error": why}``."""
     body = parse_body(ToolCall)
     mcp = state().mcp
-    found: Optional[Any] = _listed(mcp).get(body.tool) if mcp else None
+    found: Optional[Any] = _listed(mcp).get(body.tool) if mcp.servers else None
     if found is None:
         raise ApiError(404, f"no tool is named {body.tool[:100]!r}", code="tool_not_found", param="tool")
     result = mcp.call(found, body.params)

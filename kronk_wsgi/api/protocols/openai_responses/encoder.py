@@ -4,7 +4,8 @@ import uuid
 from typing import Any, Callable, Iterator, Optional
 
 from ....serving.events import (
-    ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, ToolCallStart,
+    ApprovalAsked, ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, ServerToolCall, ServerToolResult,
+    ToolsListed, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, ToolCallStart,
     Usage,
 )
 from ....serving.formats import custom_input
@@ -59,6 +60,29 @@ def _final(base: dict, output: list[dict], end: ChoiceEnd, event: Finished) -> d
 def _reasoning_item(item_id: str, text: str, status: str) -> dict:
     content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
     return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
+def _list_item(event: ToolsListed, item_id: str, done: bool) -> dict:
+    return {"id": item_id, "type": "mcp_list_tools", "server_label": event.server,
+            "tools": list(event.tools) if done else [], "error": event.error}
+
+
+def _mcp_call_item(call: ToolCall, server: str, result: Optional[ServerToolResult] = None) -> dict:
+    item = {"id": "mcp_" + call.id, "type": "mcp_call", "server_label": server, "name": call.name,
+            "arguments": call.arguments, "output": None, "error": None, "status": "in_progress",
+            "approval_request_id": None}
+    if result is not None:
+        error = None if result.error is None else \
+            {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": result.error}]} \
+            if result.by_tool else {"type": "mcp_protocol_error", "code": -32603, "message": result.error}
+        item.update(output=None if result.error else result.output, error=error,
+                    status="failed" if result.error else "completed", approval_request_id=result.approval)
+    return item
+
+
+def _approval_item(event: ApprovalAsked) -> dict:
+    return {"id": "mcpr_" + event.call.id, "type": "mcp_approval_request", "server_label": event.server,
+            "name": event.call.name, "arguments": event.call.arguments}
 
 
 def compaction_item(item_id: str, sealed: str) -> dict:
@@ -148,6 +172,46 @@ class ResponsesEncoder(BackgroundEncoder):
     def _compaction(self, event: Compacted) -> dict:
         assert self.seal_summary is not None, "a response that compacts seals its summary"
         return compaction_item(self.compaction_id, self.seal_summary(event.summary))
+
+    def _close(self) -> Iterator[str]:
+        yield from self._close_reasoning()
+        yield from self._close_message("completed")
+
+    def tools_listed(self, event: ToolsListed) -> Iterator[str]:
+        yield from self._close()
+        index, item_id = len(self.output), new_id("mcpl_")
+        yield self._event("response.output_item.added", output_index=index, item=_list_item(event, item_id, False))
+        yield self._event("response.mcp_list_tools.in_progress", item_id=item_id, output_index=index)
+        kind = "failed" if event.error is not None else "completed"
+        yield self._event(f"response.mcp_list_tools.{kind}", item_id=item_id, output_index=index)
+        item = _list_item(event, item_id, True)
+        yield self._event("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
+
+    def server_call(self, event: ServerToolCall) -> Iterator[str]:
+        yield from self._close()
+        self.take_logprobs()  # the call's own tokens: only output text lists its tokens
+        index, item = len(self.output), _mcp_call_item(event.call, event.server)
+        yield self._event("response.output_item.added", output_index=index, item={**item, "arguments": ""})
+        yield self._event("response.mcp_call.in_progress", item_id=item["id"], output_index=index)
+        yield self._event("response.mcp_call_arguments.delta", item_id=item["id"], output_index=index,
+                          delta=event.call.arguments)
+        yield self._event("response.mcp_call_arguments.done", item_id=item["id"], output_index=index,
+                          arguments=event.call.arguments)
+
+    def server_result(self, event: ServerToolResult) -> Iterator[str]:
+        index, item = len(self.output), _mcp_call_item(event.call, event.server, event)
+        yield self._event(f"response.mcp_call.{item['status']}", item_id=item["id"], output_index=index)
+        yield self._event("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
+
+    def approval_asked(self, event: ApprovalAsked) -> Iterator[str]:
+        yield from self._close()
+        self.take_logprobs()
+        index, item = len(self.output), _approval_item(event)
+        yield self._event("response.output_item.added", output_index=index, item=item)
+        yield self._event("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
 
     def text(self, event: TextDelta) -> Iterator[str]:
         yield from self._close_reasoning()
@@ -251,23 +315,41 @@ class ResponsesEncoder(BackgroundEncoder):
                                                          "output": self.output})
 
     def whole(self, output: list[Event], finished: Finished) -> dict:
-        end = next(e for e in output if isinstance(e, ChoiceEnd))
+        end = next(e for e in reversed(output) if isinstance(e, ChoiceEnd))
         answer = [e for e in output if isinstance(e, (TextDelta, ToolCall))]
-        thinking = "".join(e.text for e in output if isinstance(e, ReasoningDelta))
-        items = [self._compaction(e) for e in output if isinstance(e, Compacted)]
-        if thinking:
-            items.append(self._sealed(_reasoning_item(new_id("rs_"), thinking, "completed")))
         listed = {id(text): logprob_content(tokens.tokens) for tokens, text in zip(output, output[1:])
                   if isinstance(tokens, Logprobs) and isinstance(text, TextDelta)}
-        for position, event in enumerate(answer):
-            if isinstance(event, ToolCall):
+        items: list[dict] = []
+        thoughts: list[str] = []
+
+        def close_thinking() -> None:
+            if thoughts:
+                items.append(self._sealed(_reasoning_item(new_id("rs_"), "".join(thoughts), "completed")))
+                thoughts.clear()
+
+        for event in output:
+            if isinstance(event, ReasoningDelta):
+                thoughts.append(event.text)
+                continue
+            if isinstance(event, (Compacted, ToolsListed, ServerToolResult, ApprovalAsked, ToolCall, TextDelta)):
+                close_thinking()
+            if isinstance(event, Compacted):
+                items.append(self._compaction(event))
+            elif isinstance(event, ToolsListed):
+                items.append(_list_item(event, new_id("mcpl_"), True))
+            elif isinstance(event, ServerToolResult):
+                items.append(_mcp_call_item(event.call, event.server, event))
+            elif isinstance(event, ApprovalAsked):
+                items.append(_approval_item(event))
+            elif isinstance(event, ToolCall):
                 status = "completed" if event.complete else "incomplete"
                 items.append(_custom_call_item(event, status) if event.name in self.custom_tools
                              else _call_item(event, event.arguments, status, self.namespaces.get(event.name)))
-            else:
-                cut_short = position == len(answer) - 1 and end.reason == "length"
+            elif isinstance(event, TextDelta):
+                cut_short = event is answer[-1] and end.reason == "length"
                 status = "incomplete" if cut_short else "completed"
                 items.append(_message_item(new_id("msg_"), event.text, status, listed.get(id(event))))
+        close_thinking()
         return {**_final(self.base, items, end, finished), "output_text": _output_text(items)}
 
     def store_whole(self, answer: dict) -> None:

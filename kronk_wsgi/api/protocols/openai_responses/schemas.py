@@ -128,6 +128,72 @@ class CompactionItem(Strict):
         return self._summary
 
 
+class McpListToolsItem(Strict):
+    """An earlier response's listing of a server's tools: accepted, and left out of the prompt (the tools are
+    listed again, and offered, for each request that names the server)."""
+
+    type: Literal["mcp_list_tools"]
+    server_label: str
+    tools: list[dict[str, Any]] = []
+    id: Optional[str] = None
+    error: Optional[str] = None
+
+
+class McpCallItem(Strict):
+    """An earlier call of a server-run tool, with its output or error: the model's call and the tool's answer."""
+
+    type: Literal["mcp_call"]
+    server_label: str
+    name: FunctionName
+    arguments: str
+    id: Optional[str] = None
+    output: Optional[str] = None
+    error: Optional[Any] = None  # a string, or one of OpenAI's error objects (its message or content said)
+    status: Optional[str] = None
+    approval_request_id: Optional[str] = None
+
+
+class McpApprovalRequestItem(Strict):
+    """An earlier response's request to approve a call: the call, answered by its approval response."""
+
+    type: Literal["mcp_approval_request"]
+    id: str
+    server_label: str
+    name: FunctionName
+    arguments: str
+
+
+class McpApprovalResponseItem(Strict):
+    """The client's answer to a request for approval: an approved call runs before the model goes on; a declined
+    one is answered to the model as declined."""
+
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str
+    approve: bool
+    id: Optional[str] = None
+    reason: Optional[str] = None
+    _answer: Optional[str] = pydantic.PrivateAttr(default=None)  # what the model reads (see views._run_approved)
+
+    def answered(self, text: str) -> None:
+        self._answer = text
+
+    @property
+    def answer(self) -> str:
+        if self._answer is not None:
+            return self._answer
+        return "The user declined this call" + (f": {self.reason}" if self.reason else ".")
+
+
+def mcp_error_text(error: Any) -> str:
+    """An mcp_call item's error as text: a string, an error object's message, or its content's text."""
+    if isinstance(error, dict):
+        content = error.get("content")
+        if isinstance(content, list):
+            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return str(error.get("message", ""))
+    return str(error)
+
+
 def _item_type(value: Any) -> Optional[str]:
     return value.get("type", "message") if isinstance(value, dict) else None
 
@@ -141,6 +207,10 @@ InputItem = Annotated[
         Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
         Annotated[ReasoningItem, Tag("reasoning")],
         Annotated[CompactionItem, Tag("compaction")],
+        Annotated[McpListToolsItem, Tag("mcp_list_tools")],
+        Annotated[McpCallItem, Tag("mcp_call")],
+        Annotated[McpApprovalRequestItem, Tag("mcp_approval_request")],
+        Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")],
     ],
     Discriminator(_item_type),
 ]
@@ -157,7 +227,7 @@ class FunctionTool(Strict):
 # Tools OpenAI runs itself: accepted, not offered to the model (which could not use them here), and named in
 # the response's Kronk-Tools-Not-Offered header.
 HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search",
-                "code_interpreter", "image_generation", "mcp", "computer_use_preview", "local_shell", "shell",
+                "code_interpreter", "image_generation", "computer_use_preview", "local_shell", "shell",
                 "apply_patch")
 
 
@@ -169,6 +239,67 @@ class HostedTool(pydantic.BaseModel):
     @property
     def label(self) -> str:
         return self.name or self.type
+
+
+class McpToolFilter(Strict):
+    tool_names: Optional[list[str]] = None
+    read_only: Optional[bool] = None  # tools annotated readOnlyHint
+
+    def matches(self, name: str, read_only: bool) -> bool:
+        named = self.tool_names is None or name in self.tool_names
+        return named and (self.read_only is None or self.read_only == read_only)
+
+
+class McpApprovalFilter(Strict):
+    always: Optional[McpToolFilter] = None
+    never: Optional[McpToolFilter] = None
+
+
+class McpServerTool(Strict):
+    """A remote MCP server's tools, offered to the model and called by this server: one of the operator's
+    ``mcp_servers`` by its name (``server_label``, no ``server_url``), or a ``server_url`` the ``mcp_allow``
+    setting allows."""
+
+    type: Literal["mcp"]
+    server_label: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    server_url: Optional[str] = None
+    server_description: Optional[str] = None  # the tools' own descriptions are what the model reads
+    allowed_tools: Union[list[str], McpToolFilter, None] = None
+    require_approval: Union[Literal["always", "never"], McpApprovalFilter, None] = None  # None: always, as OpenAI's
+    headers: Optional[dict[str, str]] = None
+    authorization: Optional[str] = None  # sent as the Authorization header
+    allowed_callers: Optional[list[Literal["direct", "programmatic"]]] = None  # the model calls them, here
+    defer_loading: Optional[bool] = None  # the tools are listed at once: there are no deferred tools here
+    connector_id: Optional[str] = None
+    tunnel_id: Optional[str] = None
+
+    @pydantic.field_validator("connector_id", "tunnel_id")
+    @classmethod
+    def _not_here(cls, value: Optional[str], info: pydantic.ValidationInfo) -> Optional[str]:
+        if value is not None:
+            raise ValueError(f"there are no OpenAI {info.field_name.removesuffix('_id')}s here: name a server_url, "
+                             "or one of the server's mcp_servers by its server_label")
+        return value
+
+    def allowed(self, name: str, read_only: bool) -> bool:
+        if isinstance(self.allowed_tools, list):
+            return name in self.allowed_tools
+        return self.allowed_tools is None or self.allowed_tools.matches(name, read_only)
+
+    def waits_for_approval(self, name: str, read_only: bool) -> bool:
+        rule = self.require_approval
+        if rule is None or isinstance(rule, str):
+            return rule != "never"
+        if rule.never is not None and rule.never.matches(name, read_only):
+            return False
+        return rule.always is None or rule.always.matches(name, read_only)
+
+    def request_headers(self) -> dict[str, str]:
+        headers = dict(self.headers or {})
+        if self.authorization is not None:
+            headers["Authorization"] = self.authorization if " " in self.authorization \
+                else f"Bearer {self.authorization}"
+        return headers
 
 
 class BackgroundOptions(Strict):
@@ -202,11 +333,12 @@ class NamespaceTool(Strict):
 
 def _tool_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in ("function", "namespace", "custom") else "hosted"
+    return kind if kind in ("function", "namespace", "custom", "mcp") else "hosted"
 
 
 ResponsesTool = Annotated[Union[Annotated[FunctionTool, Tag("function")], Annotated[NamespaceTool, Tag("namespace")],
-                                Annotated[CustomTool, Tag("custom")], Annotated[HostedTool, Tag("hosted")]],
+                                Annotated[CustomTool, Tag("custom")], Annotated[McpServerTool, Tag("mcp")],
+                                Annotated[HostedTool, Tag("hosted")]],
                           Discriminator(_tool_type)]
 
 
@@ -326,6 +458,17 @@ class ConversationBody(Strict):
                     breaks.append(len(messages))
             elif isinstance(item, CompactionItem):
                 messages.append(summary_message(item.summary))
+            elif isinstance(item, (McpCallItem, McpApprovalRequestItem)):
+                call_id = item.id or f"mcp_{index}"
+                arguments = json_object(item.arguments, "arguments")
+                if not messages or messages[-1]["role"] != "assistant":
+                    messages.append({"role": "assistant", "content": ""})
+                messages[-1].setdefault("tool_calls", []).append(template_tool_call(call_id, item.name, arguments))
+                if isinstance(item, McpCallItem):
+                    text = (item.output or "") if item.error is None else f"Error: {mcp_error_text(item.error)}"
+                    messages.append({"role": "tool", "content": text, "tool_call_id": call_id})
+            elif isinstance(item, McpApprovalResponseItem):
+                messages.append({"role": "tool", "content": item.answer, "tool_call_id": item.approval_request_id})
             elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
                 arguments = json_object(item.arguments, "arguments") if isinstance(item, FunctionCallItem) \
                     else custom_arguments(item.input)
@@ -425,15 +568,16 @@ class ResponsesRequest(ConversationBody):
         given = self.context_management[0].compact_threshold
         return given if given is not None else int(context * DEFAULT_COMPACT_SHARE)
 
-    def generation_request(self, conversation: list[dict]) -> GenerationRequest:
-        """What the body asks for, ``conversation`` (the previous response's and this input) as the prompt."""
+    def generation_request(self, conversation: list[dict], served: tuple[dict, ...] = ()) -> GenerationRequest:
+        """What the body asks for, ``conversation`` (the previous response's and this input) as the prompt, and
+        ``served`` (the functions of its mcp tools, as chat templates take them) offered with its own."""
         effort = self.reasoning.effort if self.reasoning else None
         messages = self.instruction_messages() + conversation
         given, breaks = self._input()
         before = len(messages) - len(given)  # the instructions and the previous responses' messages
         return GenerationRequest(
             self.model, prompt_param="input", messages=messages, cache_breaks=tuple(before + b for b in breaks),
-            tools=self._tool_use(), reply_format=self.text.reply_format() if self.text else None,
+            tools=self._tool_use(served), reply_format=self.text.reply_format() if self.text else None,
             thinking=None if effort is None else effort not in ("none", "minimal"),
             template_vars=template_variables(effort), truncate=self.truncation == "auto",
             not_offered=tuple(t.label for t in self.tools or () if isinstance(t, HostedTool)),
@@ -463,14 +607,14 @@ class ResponsesRequest(ConversationBody):
         """Each namespaced function's namespace, by its name."""
         return {f.name: t.name for t in self.tools or () if isinstance(t, NamespaceTool) for f in t.tools}
 
-    def _tool_use(self) -> Optional[ToolUse]:
+    def _tool_use(self, served: tuple[dict, ...]) -> Optional[ToolUse]:
         functions = self.functions()
-        if not functions:
+        if not functions and not served:
             return None
         choice = self.tool_choice
         allowed = choice if isinstance(choice, AllowedToolsChoice) else None
         return ToolUse(
-            tuple(template_tool(t.name, t.description, t.parameters) for t in functions),
+            tuple(template_tool(t.name, t.description, t.parameters) for t in functions) + served,
             # strict is on unless the tool turns it off, as in OpenAI's Responses API
             strict=frozenset(t.name for t in functions if t.strict is not False),
             choice=choice if isinstance(choice, str) else "auto" if choice is None else

@@ -20,11 +20,16 @@ from ...errors import ApiError, invalid
 from ...planning import GenerationRequest
 from ...response import respond, watched
 from ...schemas import template_tool_call
-from ...sessions import count_prompt_tokens, measure_prompt, start_generation, start_later
+from ...server_tools import ServerTools, ToolLoopSession
+from ...sessions import count_prompt_tokens, follow_on, measure_prompt, start_generation, start_later
 from ...state import record, state
 from .encoder import ResponsesEncoder, compaction_item, new_id, usage_object
 from .protocol import PROTOCOL, bp
-from .schemas import CompactionItem, CompactRequest, ConversationBody, ReasoningItem, ResponsesRequest
+from .mcp_tools import offered, run_approved, server_tools
+from .schemas import (
+    CompactionItem, CompactRequest, ConversationBody, McpApprovalResponseItem, ReasoningItem, ResponsesRequest,
+    mcp_error_text,
+)
 
 log = structlog.get_logger("kronk_wsgi.responses")
 
@@ -60,7 +65,7 @@ def _storer(response_id: str, previous: Optional[str], messages: list[dict],
                         if item["type"] == "compaction"), None)
         continues, added = (previous, messages) if summary is None else (None, compacted(conversation, summary))
         try:
-            kronk.responses.put(final, owner, continues, added + [_assistant_message(final["output"])])
+            kronk.responses.put(final, owner, continues, added + _output_messages(final["output"]))
         except Exception as exc:  # sqlite3's and the file system's errors
             log.error("response not stored", response_id=response_id, error=f"{type(exc).__name__}: {exc}")
             raise
@@ -92,15 +97,29 @@ def _open_sealed(body: ConversationBody) -> None:
                 item.opened(opened)
 
 
-def _assistant_message(output: list[dict]) -> dict:
-    """A response's output items as the assistant's chat message, for the conversation it continues."""
-    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    calls = [template_tool_call(item["call_id"], item["name"], _call_arguments(item))
-             for item in output if item["type"] in ("function_call", "custom_tool_call")]
-    if calls:
-        message["tool_calls"] = calls
-    return message
+def _output_messages(output: list[dict]) -> list[dict]:
+    """A response's output items as the chat messages of the conversation it continues: the assistant's text and
+    calls, and the answers of the calls this server ran."""
+    messages: list[dict] = []
+
+    def assistant() -> dict:
+        if not messages or messages[-1]["role"] != "assistant":
+            messages.append({"role": "assistant", "content": ""})
+        return messages[-1]
+
+    for item in output:
+        if item["type"] == "message":
+            turn = assistant()
+            turn["content"] += "".join(part["text"] for part in item["content"])
+        elif item["type"] in ("function_call", "custom_tool_call", "mcp_call", "mcp_approval_request"):
+            call_id = item["call_id"] if "call_id" in item else item["id"]
+            assistant().setdefault("tool_calls", []).append(
+                template_tool_call(call_id, item["name"], _call_arguments(item)))
+            if item["type"] == "mcp_call":
+                error = item["error"]
+                text = (item["output"] or "") if error is None else f"Error: {mcp_error_text(error)}"
+                messages.append({"role": "tool", "content": text, "tool_call_id": call_id})
+    return messages or [{"role": "assistant", "content": ""}]
 
 
 def _call_arguments(item: dict) -> Any:
@@ -119,13 +138,18 @@ def responses():
     """Generate a model response; with store (the default), keep it for previous_response_id and GET."""
     body = parse_body(ResponsesRequest)
     _open_sealed(body)
+    served = _served(body)
     previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
     conversation = previous + body.input_messages()
-    request = body.generation_request(conversation)
+    request = body.generation_request(conversation, offered(served))
     compaction = _compaction(body, request, conversation)
+    if served is not None and (compaction is not None or body.background):
+        raise invalid("mcp tools run in a foreground response that is not compacted here", param="tools")
     response_id = new_id("resp_")
     if compaction is not None:
         session = start_compaction(compaction)
+    elif served is not None:
+        session = ToolLoopSession(start_generation(request), request, served, state().mcp, follow_on())
     elif body.background:
         run = BackgroundRun(state(), response_id, record().owner)
         try:
@@ -149,7 +173,8 @@ def responses():
                  if body.text and body.text.format else {"type": "text"}},
         "tool_choice": choice.model_dump(exclude_none=True) if choice is not None and not isinstance(choice, str)
         else choice or "auto",
-        "tools": [t.model_dump() for t in body.tools or ()], "top_p": body.top_p,
+        "tools": [t.model_dump(exclude={"headers", "authorization"}) for t in body.tools or ()],
+        "top_p": body.top_p,
         "truncation": body.truncation or "disabled", "max_tool_calls": body.max_tool_calls,
         "reasoning": body.reasoning.model_dump() if body.reasoning else {"effort": None, "summary": None},
         "prompt_cache_key": body.prompt_cache_key, "safety_identifier": body.safety_identifier,
@@ -165,6 +190,18 @@ def responses():
     if body.background:
         return run.start(admit, encoder, store_response, body.stream)
     return respond(session, encoder, body.stream)
+
+
+def _served(body: ResponsesRequest) -> Optional[ServerTools]:
+    """The request's mcp tools, with the calls its input approves already run."""
+    served = server_tools(body)
+    if any(isinstance(item, McpApprovalResponseItem) for item in body.input_items()):
+        earlier = [] if body.previous_response_id is None else \
+            _stored(state().responses.get, body.previous_response_id, "previous_response_id")["output"]
+        answered = run_approved(body, served, earlier)
+        if served is not None:
+            served = dataclasses.replace(served, answered=answered)
+    return served
 
 
 def _compaction(body: ResponsesRequest, request: GenerationRequest, conversation: list[dict]) -> Optional[Plan]:

@@ -197,3 +197,21 @@ def test_a_failing_tool_is_the_models_to_read_not_a_500(scripted_mcp):
     assert call["status"] == "failed" and call["error"]["type"] == "mcp_tool_execution_error"
     assert "no such city" in call["error"]["content"][0]["text"]
     assert answer.json()["output_text"] == "It failed."
+
+
+def test_a_client_gone_during_a_tool_call_ends_the_loop_and_frees_the_slot(scripted_mcp):
+    from kronk_wsgi.testing.rawhttp import RawStream
+
+    local = {"type": "mcp", "server_label": "local", "require_approval": "never"}
+    scripted_mcp.say('<tool_call>\n{"name": "slow", "arguments": {"seconds": 120}}\n</tool_call>', "Slept.")
+    body = {"model": "tiny", "input": "Sleep", "tools": [local], "stream": True}
+    raw = RawStream(scripted_mcp.host, scripted_mcp.port, "/v1/responses", body)
+    for _, frame in raw.frames():
+        if "response.mcp_call.in_progress" in frame:
+            break
+    raw.close()
+    # Noticed within a second or so: waiting for the call would take its server's 30 s timeout.
+    wait_until(lambda: '"outcome": "client_gone"' in scripted_mcp.logs(), 25)
+    scripted_mcp.say("Quick.")
+    quick = scripted_mcp.post("/v1/responses", {"model": "tiny", "input": "Hi"})
+    assert quick.status_code == 200 and quick.json()["output_text"] == "Quick."

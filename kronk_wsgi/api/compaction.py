@@ -121,6 +121,14 @@ class CompactingSession:
                 self._reply.close()
 
     def _run(self) -> Iterator[Event]:
+        try:
+            yield from self._steps()
+        except GeneratorExit:  # the client left between the summary and the reply
+            if self.stats.outcome in ("", "ok"):
+                self.stats.outcome = "client_gone"
+            raise
+
+    def _steps(self) -> Iterator[Event]:
         yield Compacting()
         written: list[Event] = []
         for event in self.summary:

@@ -12,7 +12,7 @@ ends and takes over its admission place.
 import dataclasses
 import json
 import time
-from typing import Callable, Iterator, Optional
+from typing import Callable, Generator, Iterator, Optional
 
 import gevent
 
@@ -92,6 +92,14 @@ class ToolLoopSession:
                 session.close()
 
     def _run(self) -> Iterator[Event]:
+        try:
+            yield from self._loop()
+        except GeneratorExit:  # the client left between generations (within one, its session says so)
+            if self.stats.outcome in ("", "ok"):
+                self.stats.outcome = "client_gone"
+            raise
+
+    def _loop(self) -> Iterator[Event]:
         yield from self.tools.listed
         for result in self.tools.answered:
             yield ServerToolCall(result.call, result.server, result.tool)
@@ -130,6 +138,9 @@ class ToolLoopSession:
                     continue
                 yield ServerToolCall(call, tool.server, tool.tool)
                 result = yield from self._call(tool, call)
+                if result is None:
+                    self.stats.outcome = "client_gone"
+                    return
                 yield result
                 turn += tool_turn(call, result)
                 calls += 1
@@ -155,8 +166,9 @@ class ToolLoopSession:
             self._served_ids.add(event.id)
         return event.id in self._served_ids
 
-    def _call(self, tool: McpTool, call: ToolCall) -> Iterator[Event]:
-        """Run the call in a greenlet of its own, keeping the stream alive and minding the client meanwhile."""
+    def _call(self, tool: McpTool, call: ToolCall) -> Generator[Event, None, Optional[ServerToolResult]]:
+        """Run the call in a greenlet of its own, keeping the stream alive and minding the client meanwhile: its
+        result, or None if the client left (the call is left to end in the host)."""
         running = gevent.spawn(run_call, self.mcp, tool, call)
         session = self._sessions[-1]
         quiet_since = time.monotonic()
@@ -166,7 +178,7 @@ class ToolLoopSession:
                 if running.ready():
                     break
                 if session.client_gone():
-                    return ServerToolResult(call, tool.server, tool.tool, error="the client left")
+                    return None
                 if time.monotonic() - quiet_since >= session.keepalive:
                     yield KEEPALIVE
                     quiet_since = time.monotonic()

@@ -215,3 +215,44 @@ def test_a_client_gone_during_a_tool_call_ends_the_loop_and_frees_the_slot(scrip
     scripted_mcp.say("Quick.")
     quick = scripted_mcp.post("/v1/responses", {"model": "tiny", "input": "Hi"})
     assert quick.status_code == 200 and quick.json()["output_text"] == "Quick."
+
+
+def test_anthropics_mcp_connector_runs_the_servers_tools_in_the_message(scripted_mcp, http_mcp):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=scripted_mcp.url, api_key="unused", max_retries=0)
+    servers = [{"type": "url", "url": http_mcp, "name": "remote", "authorization_token": "t0ken"}]
+    toolset = {"type": "mcp_toolset", "mcp_server_name": "remote", "default_config": {"enabled": False},
+               "configs": {"echo": {"enabled": True}}}
+    ask = [{"role": "user", "content": "Echo hi"}]
+    scripted_mcp.say(_echo_call("hi"), "It said hi.")
+    message = client.beta.messages.create(model="tiny", max_tokens=200, messages=ask, mcp_servers=servers,
+                                          tools=[toolset], betas=["mcp-client-2025-11-20"])
+    assert [b.type for b in message.content] == ["mcp_tool_use", "mcp_tool_result", "text"]
+    use, result, text = message.content
+    assert (use.name, use.server_name, use.input) == ("echo", "remote", {"message": "hi"})
+    assert result.tool_use_id == use.id and not result.is_error and result.content[0].text == "echo: hi"
+    assert text.text == "It said hi." and message.stop_reason == "end_turn"
+    scripted_mcp.say(_echo_call("again"), "Again.")
+    with client.beta.messages.stream(model="tiny", max_tokens=200, messages=ask, mcp_servers=servers,
+                                     tools=[toolset], betas=["mcp-client-2025-11-20"]) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["mcp_tool_use", "mcp_tool_result", "text"]
+    assert final.content[0].input == {"message": "again"} and final.content[1].content[0].text == "echo: again"
+    # Handed back, the turn's blocks are the call and its answer: counted as the same conversation written out.
+    history = ask + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+                     {"role": "user", "content": "Thanks"}]
+    counted = client.beta.messages.count_tokens(model="tiny", messages=history, mcp_servers=servers, tools=[toolset],
+                                                betas=["mcp-client-2025-11-20"])
+    echo = next(t for t in requests.get(scripted_mcp.url + "/tools", timeout=60).json() if t["tool"] == "local_echo")
+    function = echo["definition"]["function"]  # the same server's echo, run by the operator
+    written_out = ask + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": "echo", "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "echo: hi"}]},
+        {"role": "assistant", "content": "It said hi."}, {"role": "user", "content": "Thanks"}]
+    plain = client.messages.count_tokens(model="tiny", messages=written_out, tools=[
+        {"name": "echo", "description": function["description"], "input_schema": function["parameters"]}])
+    assert counted.input_tokens == plain.input_tokens
+    elsewhere = scripted_mcp.post("/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": ask, "mcp_servers": [
+        {"type": "url", "url": "http://127.0.0.1:9/mcp", "name": "x"}]})
+    assert elsewhere.status_code == 400 and elsewhere.json()["error"]["message"].startswith("mcp_servers[0].url")

@@ -16,16 +16,17 @@ from typing import Callable, Generator, Iterator, Optional
 
 import gevent
 
-from ..mcp_servers.client import McpServers, McpTool, ToolResult
+from ..mcp_servers.client import McpServers, McpTool, McpUnavailable, ToolResult
 from ..serving.events import (
     ApprovalAsked, ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, KEEPALIVE, ServerToolCall, ServerToolResult,
     ToolCall, ToolCallStart, ToolsListed, Usage,
 )
 from ..serving.scheduler import CLIENT_POLL_SECONDS
 from ..serving.session import Session
-from .errors import ApiError
+from .errors import ApiError, invalid
 from .planning import GenerationRequest
-from .schemas import template_tool_call
+from .schemas import template_tool, template_tool_call
+from .state import state
 
 MOST_CALLS = 16  # server-run calls in one request at most, unless the request sets fewer (max_tool_calls)
 
@@ -39,6 +40,29 @@ class ServerTools:
     approval: frozenset[str] = frozenset()  # the names whose calls wait for the client's approval
     most_calls: int = MOST_CALLS
     answered: tuple[ServerToolResult, ...] = ()  # the calls the client approved, run before the model went on
+
+    def functions(self) -> tuple[dict, ...]:
+        """The tools as chat templates take functions."""
+        return tuple(template_tool(name, t.description, t.parameters) for name, t in self.tools.items())
+
+
+def tools_at(label: str, url: str, headers: dict[str, str], param: str) -> list[McpTool]:
+    """The tools of a server a request names by its URL: a 400 naming ``param`` unless the mcp_allow setting
+    allows the URL (no request may make this server reach another address), a 424 if they cannot be listed."""
+    kronk = state()
+    if not any(url.startswith(prefix) for prefix in kronk.settings.mcp_allow):
+        raise invalid(f"{param}: this server may call only the MCP servers its mcp_allow setting allows, and that "
+                      "is not one of them", param=param)
+    try:
+        return kronk.mcp.tools_at(label, url, headers)
+    except McpUnavailable as exc:
+        raise unlisted(param, str(exc)) from None
+
+
+def unlisted(param: str, why: str) -> ApiError:
+    """The answer when a server's tools cannot be listed: 424, the dependency failed (OpenAI's)."""
+    return ApiError(424, f"{param}: the MCP server's tools could not be listed: {why}", code="mcp_unavailable",
+                    param=param)
 
 
 def tool_turn(call: ToolCall, result: ServerToolResult) -> list[dict]:

@@ -5,8 +5,8 @@ import json
 from typing import Any, Iterator, Optional
 
 from ....serving.events import (
-    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, PromptCached, ReasoningDelta, TextDelta, ToolCall,
-    ToolCallStart, Usage,
+    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, PromptCached, ReasoningDelta, ServerToolCall,
+    ServerToolResult, TextDelta, ToolCall, ToolCallStart, ToolsListed, Usage,
 )
 from ...response import Encoder
 from ...sse import sse
@@ -35,6 +35,17 @@ def _stop_reason(event: ChoiceEnd) -> str:
 
 def _tool_use(call: ToolCall, input_: Any) -> dict:
     return {"type": "tool_use", "id": "toolu_" + call.id, "name": call.name, "input": input_}
+
+
+def _mcp_tool_use(event: ServerToolCall, input_: Any) -> dict:
+    return {"type": "mcp_tool_use", "id": "mcptoolu_" + event.call.id, "name": event.call.name,
+            "server_name": event.server, "input": input_}
+
+
+def _mcp_tool_result(event: ServerToolResult) -> dict:
+    text = event.output if event.error is None else event.error
+    return {"type": "mcp_tool_result", "tool_use_id": "mcptoolu_" + event.call.id, "is_error": event.error is not None,
+            "content": [{"type": "text", "text": text}]}
 
 
 def _tool_input(call: ToolCall) -> dict:
@@ -130,6 +141,23 @@ class MessagesEncoder(Encoder):
             yield self._input(event.arguments[sent or 0:])
         yield from self._close_block()
 
+    def tools_listed(self, event: ToolsListed) -> Iterator[str]:
+        return iter(())  # the Messages API lists no connector's tools in the message
+
+    def server_call(self, event: ServerToolCall) -> Iterator[str]:
+        yield from self._close_block()
+        start = {"type": "content_block_start", "index": self.blocks, "content_block": _mcp_tool_use(event, {})}
+        yield sse(start, "content_block_start")
+        self.open_block = "mcp_tool_use"
+        yield self._input(event.call.arguments)
+        yield from self._close_block()
+
+    def server_result(self, event: ServerToolResult) -> Iterator[str]:
+        start = {"type": "content_block_start", "index": self.blocks, "content_block": _mcp_tool_result(event)}
+        yield sse(start, "content_block_start")
+        self.open_block = "mcp_tool_result"
+        yield from self._close_block()
+
     def _input(self, text: str) -> str:
         delta = {"type": "input_json_delta", "partial_json": text}
         return sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
@@ -154,6 +182,10 @@ class MessagesEncoder(Encoder):
         for event in output:
             if isinstance(event, ToolCall):
                 content.append(_tool_use(event, _tool_input(event)))
+            elif isinstance(event, ServerToolCall):
+                content.append(_mcp_tool_use(event, _tool_input(event.call)))
+            elif isinstance(event, ServerToolResult):
+                content.append(_mcp_tool_result(event))
             elif isinstance(event, TextDelta):
                 content.append({"type": "text", "text": event.text})
             elif isinstance(event, ReasoningDelta):
@@ -166,7 +198,7 @@ class MessagesEncoder(Encoder):
                 block["signature"] = _signature(block["thinking"])
                 if not self.show_thinking:
                     block["thinking"] = ""
-        end = next(e for e in output if isinstance(e, ChoiceEnd))
+        end = next(e for e in reversed(output) if isinstance(e, ChoiceEnd))
         return {
             **self.head, "content": content, "stop_reason": _stop_reason(end),
             "stop_sequence": end.stop_sequence, "usage": _usage(finished.usage),

@@ -48,6 +48,31 @@ class ToolResultBlock(Strict):
         return f"Error: {text}" if self.is_error else text
 
 
+class McpToolUseBlock(Strict):
+    """An earlier turn's call of a connector's tool, which this server ran: the call, in the assistant's turn."""
+
+    type: Literal["mcp_tool_use"]
+    id: str
+    name: FunctionName
+    server_name: str
+    input: dict[str, Any]
+    cache_control: Optional[CacheControl] = None
+
+
+class McpToolResultBlock(Strict):
+    """That call's result, in the same assistant turn: the tool's answer."""
+
+    type: Literal["mcp_tool_result"]
+    tool_use_id: str
+    content: Union[str, list[TextBlock]] = ""
+    is_error: bool = False
+    cache_control: Optional[CacheControl] = None
+
+    def text(self) -> str:
+        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
 class ThinkingBlock(Strict):
     """An earlier turn's thinking: accepted, and left out of the prompt, as Anthropic's API does."""
 
@@ -112,7 +137,8 @@ class DocumentBlock(Strict):
 
 
 Block = Annotated[
-    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock, DocumentBlock],
+    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock, DocumentBlock,
+          McpToolUseBlock, McpToolResultBlock],
     Field(discriminator="type"),
 ]
 
@@ -123,29 +149,34 @@ class Message(Strict):
     content: Union[str, list[Block]]
 
     def for_template(self) -> list[dict]:
-        """Template messages: text and tool uses in one, each tool result in a message of its own."""
+        """Template messages: text and tool uses in one, each tool result (and each result of a tool this server
+        ran, within the assistant's turn) in a message of its own."""
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
         out: list[dict] = []
         text: list[str] = []
         calls: list[dict] = []
+
+        def flush() -> None:
+            if text or calls:
+                message: dict[str, Any] = {"role": self.role, "content": "".join(text)}
+                if calls:
+                    message["tool_calls"] = list(calls)
+                out.append(message)
+            text.clear()
+            calls.clear()
+
         for block in self.content:
             if isinstance(block, TextBlock):
                 text.append(block.text)
             elif isinstance(block, DocumentBlock):
                 text.append(block.text())
-            elif isinstance(block, ToolUseBlock):
+            elif isinstance(block, (ToolUseBlock, McpToolUseBlock)):
                 calls.append(template_tool_call(block.id, block.name, block.input))
-            elif isinstance(block, ToolResultBlock):
-                if text:
-                    out.append({"role": self.role, "content": "".join(text)})
-                    text = []
+            elif isinstance(block, (ToolResultBlock, McpToolResultBlock)):
+                flush()
                 out.append({"role": "tool", "content": block.text(), "tool_call_id": block.tool_use_id})
-        if text or calls:
-            message: dict[str, Any] = {"role": self.role, "content": "".join(text)}
-            if calls:
-                message["tool_calls"] = calls
-            out.append(message)
+        flush()
         return out
 
     @pydantic.model_validator(mode="after")
@@ -153,6 +184,8 @@ class Message(Strict):
         for block in self.content if isinstance(self.content, list) else ():
             if isinstance(block, ToolUseBlock) and self.role != "assistant":
                 raise ValueError("tool_use blocks belong in assistant messages")
+            if isinstance(block, (McpToolUseBlock, McpToolResultBlock)) and self.role != "assistant":
+                raise ValueError(f"{block.type} blocks belong in assistant messages")
             if isinstance(block, ToolResultBlock) and self.role != "user":
                 raise ValueError("tool_result blocks belong in user messages")
             if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)) and self.role != "assistant":
@@ -184,13 +217,57 @@ class ServerTool(pydantic.BaseModel):
     name: str
 
 
+class McpToolConfig(Strict):
+    enabled: Optional[bool] = None
+    defer_loading: Optional[bool] = None  # the tools are offered at once: there is no tool search here
+
+
+class McpToolset(Strict):
+    """The tools of one of the request's mcp_servers, offered to the model and run by this server: all of them,
+    or as ``default_config`` and each tool's ``configs`` enable them."""
+
+    type: Literal["mcp_toolset"]
+    mcp_server_name: str
+    default_config: Optional[McpToolConfig] = None
+    configs: Optional[dict[str, McpToolConfig]] = None
+    cache_control: Optional[CacheControl] = None
+
+    def enabled(self, name: str) -> bool:
+        own = (self.configs or {}).get(name)
+        for config in (own, self.default_config):
+            if config is not None and config.enabled is not None:
+                return config.enabled
+        return True
+
+
 def _tool_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "custom" if kind in (None, "custom") else "server"
+    return "custom" if kind in (None, "custom") else "mcp" if kind == "mcp_toolset" else "server"
 
 
-AnyTool = Annotated[Union[Annotated[Tool, Tag("custom")], Annotated[ServerTool, Tag("server")]],
-                    Discriminator(_tool_kind)]
+AnyTool = Annotated[Union[Annotated[Tool, Tag("custom")], Annotated[McpToolset, Tag("mcp")],
+                          Annotated[ServerTool, Tag("server")]], Discriminator(_tool_kind)]
+
+
+class McpToolConfiguration(Strict):
+    """The older connector's choice of a server's tools (with no mcp_toolset naming the server)."""
+
+    enabled: Optional[bool] = None
+    allowed_tools: Optional[list[str]] = None
+
+
+class McpServerDefinition(Strict):
+    """An MCP server whose tools this server runs for the request: a streamable HTTP ``url`` the mcp_allow
+    setting allows, reached with ``authorization_token`` as a bearer token."""
+
+    type: Literal["url"]
+    url: str
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    authorization_token: Optional[str] = None
+    tool_configuration: Optional[McpToolConfiguration] = None
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.authorization_token is None else {"Authorization": f"Bearer {self.authorization_token}"}
 
 
 class ToolChoiceAuto(Strict):
@@ -312,6 +389,8 @@ class CountTokensRequest(Strict):
     system: Union[str, list[TextBlock], None] = None
     tools: Optional[list[AnyTool]] = None
     tool_choice: Optional[ToolChoice] = None
+    mcp_servers: Optional[list[McpServerDefinition]] = None  # see api/protocols/anthropic/connector.py
+    _served: tuple[dict, ...] = pydantic.PrivateAttr(default=())
     # Switches thinking on or off where the model's chat template can (``enable_thinking``);
     # budget_tokens closes the thinking where the template opens it in the prompt.
     thinking: Optional[Thinking] = None
@@ -326,7 +405,16 @@ class CountTokensRequest(Strict):
     def _checks(self) -> "CountTokensRequest":
         if self.tool_choice is not None and not self.tools:
             raise ValueError("tool_choice needs tools")
+        names = [server.name for server in self.mcp_servers or ()]
+        if len(set(names)) < len(names):
+            raise ValueError("mcp_servers: two servers have one name")
+        for toolset in self.toolsets():
+            if toolset.mcp_server_name not in names:
+                raise ValueError(f"an mcp_toolset names {toolset.mcp_server_name!r}, which is not among mcp_servers")
         return self
+
+    def toolsets(self) -> list[McpToolset]:
+        return [t for t in self.tools or () if isinstance(t, McpToolset)]
 
     def template_messages(self) -> list[dict]:
         """The conversation as chat templates take it (before any context-management edit)."""
@@ -358,9 +446,14 @@ class CountTokensRequest(Strict):
         """The tools this server cannot run, by name."""
         return tuple(t.name for t in self.tools or () if isinstance(t, ServerTool))
 
+    def serve(self, functions: tuple[dict, ...]) -> None:
+        """Offer the functions of the request's mcp servers (listed: see connector.py) with its own tools."""
+        self._served = functions
+
     def template_tools(self) -> Optional[list[dict]]:
-        offered = self.offered_tools()
-        return [template_tool(t.name, t.description, t.input_schema) for t in offered] if offered else None
+        offered = [template_tool(t.name, t.description, t.input_schema) for t in self.offered_tools()]
+        offered += self._served
+        return offered or None
 
     def effort(self) -> Optional[str]:
         effort = self.output_config.effort if self.output_config else None
@@ -370,12 +463,12 @@ class CountTokensRequest(Strict):
         return None if self.thinking is None else not isinstance(self.thinking, ThinkingDisabled)
 
     def tool_use(self) -> Optional[ToolUse]:
-        offered = self.offered_tools()
-        if not offered:
+        functions = self.template_tools()
+        if not functions:
             return None
         choice = self.tool_choice
         return ToolUse(
-            tuple(self.template_tools()), strict=frozenset(t.name for t in offered if t.strict),
+            tuple(functions), strict=frozenset(t.name for t in self.offered_tools() if t.strict),
             choice={None: "auto", "auto": "auto", "none": "none"}.get(choice and choice.type, "required"),
             name=choice.name if isinstance(choice, ToolChoiceTool) else None,
             max_calls=1 if getattr(choice, "disable_parallel_tool_use", False) else None,

@@ -7,8 +7,10 @@ from flask import jsonify
 from ...body import parse_body
 from ...cache_diagnostics import diagnose
 from ...response import respond
-from ...sessions import start_generation, use_model
-from ...state import record
+from ...server_tools import ToolLoopSession
+from ...sessions import follow_on, start_generation, use_model
+from ...state import record, state
+from .connector import connector_tools
 from .context_editing import edit_context, prompt_tokens
 from .encoder import MessagesEncoder
 from .protocol import bp
@@ -19,15 +21,20 @@ from .schemas import CountTokensRequest, MessagesRequest
 def messages():
     """Generate the assistant's next message."""
     body = parse_body(MessagesRequest)
+    served = connector_tools(body)
     edited = None
     if body.context_management is not None:
         with use_model(body.model) as model:
             edited = edit_context(model, body)
-    session = start_generation(body.generation_request(edited.messages if edited else None))
+    request = body.generation_request(edited.messages if edited else None)
+    session = start_generation(request)
+    input_tokens = session.job.prompt_tokens
+    if served is not None:
+        session = ToolLoopSession(session, request, served, state().mcp, follow_on())
     message_id = record().response_id = "msg_" + uuid.uuid4().hex
     shown = getattr(body.thinking, "display", None) != "omitted"
     managed = {"applied_edits": edited.applied} if edited else None
-    encoder = MessagesEncoder(message_id, body.model, session.job.prompt_tokens, shown, managed)
+    encoder = MessagesEncoder(message_id, body.model, input_tokens, shown, managed)
     if body.diagnostics is not None:
         encoder.head["diagnostics"] = diagnose(body, message_id)
     return respond(session, encoder, body.stream)
@@ -37,6 +44,7 @@ def messages():
 def count_tokens():
     """The number of prompt tokens the same request would use."""
     body = parse_body(CountTokensRequest)
+    connector_tools(body)
     with use_model(body.model) as model:
         if body.context_management is None:
             return jsonify({"input_tokens": prompt_tokens(model, body, body.template_messages())})

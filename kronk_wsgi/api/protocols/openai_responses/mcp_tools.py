@@ -7,35 +7,24 @@ from typing import Optional
 
 from ....mcp_servers.client import McpTool, McpUnavailable
 from ....serving.events import ToolCall, ToolsListed
-from ...errors import ApiError, invalid
-from ...schemas import template_tool
-from ...server_tools import MOST_CALLS, ServerTools, result_text, run_call
+from ...errors import invalid
+from ...server_tools import MOST_CALLS, ServerTools, result_text, run_call, tools_at, unlisted
 from ...state import state
 from .schemas import McpApprovalRequestItem, McpApprovalResponseItem, McpServerTool, ResponsesRequest
 
 
-def _unavailable(index: int, why: str) -> ApiError:
-    """OpenAI's answer when a server's tools cannot be listed: 424, the dependency failed."""
-    return ApiError(424, f"tools[{index}]: the MCP server's tools could not be listed: {why}",
-                    code="mcp_unavailable", param=f"tools[{index}]")
-
-
 def _listing(index: int, spec: McpServerTool) -> list[McpTool]:
-    kronk = state()
-    mcp = kronk.mcp
+    if spec.server_url is not None:
+        return tools_at(spec.server_label, spec.server_url, spec.request_headers(), f"tools[{index}].server_url")
+    mcp = state().mcp
+    if spec.server_label not in mcp.servers:
+        raise invalid(f"tools[{index}].server_label: this server has no MCP server named {spec.server_label!r} "
+                      "(its mcp_servers); name a server_url the mcp_allow setting allows",
+                      param=f"tools[{index}].server_label")
     try:
-        if spec.server_url is None:
-            if spec.server_label not in mcp.servers:
-                raise invalid(f"tools[{index}].server_label: this server has no MCP server named "
-                              f"{spec.server_label!r} (its mcp_servers); name a server_url the mcp_allow setting "
-                              "allows", param=f"tools[{index}].server_label")
-            return [t for t in mcp.tools().values() if t.server == spec.server_label]
-        if not any(spec.server_url.startswith(prefix) for prefix in kronk.settings.mcp_allow):
-            raise invalid(f"tools[{index}].server_url: this server may call only the MCP servers its mcp_allow "
-                          "setting allows, and that is not one of them", param=f"tools[{index}].server_url")
-        return mcp.tools_at(spec.server_label, spec.server_url, spec.request_headers())
+        return [t for t in mcp.tools().values() if t.server == spec.server_label]
     except McpUnavailable as exc:
-        raise _unavailable(index, str(exc)) from None
+        raise unlisted(f"tools[{index}]", str(exc)) from None
 
 
 def server_tools(body: ResponsesRequest) -> Optional[ServerTools]:
@@ -62,12 +51,6 @@ def server_tools(body: ResponsesRequest) -> Optional[ServerTools]:
             if spec.waits_for_approval(tool.tool, tool.read_only):
                 approval.add(tool.tool)
     return ServerTools(tools, tuple(listed), frozenset(approval), min(MOST_CALLS, body.max_tool_calls or MOST_CALLS))
-
-
-def offered(tools: Optional[ServerTools]) -> tuple[dict, ...]:
-    """The server-run tools as chat templates take functions."""
-    return () if tools is None else tuple(template_tool(name, t.description, t.parameters)
-                                          for name, t in tools.tools.items())
 
 
 def run_approved(body: ResponsesRequest, tools: Optional[ServerTools], earlier: list[dict]) -> tuple:

@@ -25,7 +25,7 @@ from ...sessions import count_prompt_tokens, follow_on, measure_prompt, start_ge
 from ...state import record, state
 from .encoder import ResponsesEncoder, compaction_item, new_id, usage_object
 from .protocol import PROTOCOL, bp
-from .mcp_tools import offered, run_approved, server_tools
+from .mcp_tools import run_approved, server_tools
 from .schemas import (
     CompactionItem, CompactRequest, ConversationBody, McpApprovalResponseItem, ReasoningItem, ResponsesRequest,
     mcp_error_text,
@@ -141,7 +141,7 @@ def responses():
     served = _served(body)
     previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
     conversation = previous + body.input_messages()
-    request = body.generation_request(conversation, offered(served))
+    request = body.generation_request(conversation, served.functions() if served else ())
     compaction = _compaction(body, request, conversation)
     if served is not None and (compaction is not None or body.background):
         raise invalid("mcp tools run in a foreground response that is not compacted here", param="tools")

@@ -106,3 +106,36 @@ def test_compaction_refuses_what_it_cannot_do_by_name(scripted, path, body, para
     answer = scripted.post(path, {"model": "tiny", **body})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param, answer.text
+
+
+def test_anthropics_compact_edit_writes_the_summary_first_and_replies_after_it(scripted):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=scripted.url, api_key="unused", max_retries=0)
+    long = [{"role": "user", "content": "Weather in Paris? " + "Tell me all of it. " * 30}]
+    edits = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50}}]}
+    scripted.say(SUMMARY, "Sunny.")
+    message = client.beta.messages.create(model="tiny", max_tokens=100, messages=long, context_management=edits,
+                                          betas=["compact-2026-01-12"])
+    assert [b.type for b in message.content] == ["compaction", "text"]
+    assert message.content[0].content == SUMMARY and message.content[1].text == "Sunny."
+    scripted.say(SUMMARY, "Sunny.")
+    with client.beta.messages.stream(model="tiny", max_tokens=100, messages=long, context_management=edits,
+                                     betas=["compact-2026-01-12"]) as stream:
+        streamed = stream.get_final_message()
+    assert [b.type for b in streamed.content] == ["compaction", "text"] and streamed.content[0].content == SUMMARY
+    scripted.say(SUMMARY)
+    paused = client.beta.messages.create(model="tiny", max_tokens=100, messages=long, betas=["compact-2026-01-12"],
+                                         context_management={"edits": [{**edits["edits"][0],
+                                                                        "pause_after_compaction": True}]})
+    assert [b.type for b in paused.content] == ["compaction"] and paused.stop_reason == "compaction"
+    # Handed back, the summary stands for all before it.
+    handed_back = long + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+                          {"role": "user", "content": "Thanks"}]
+    counted = client.beta.messages.count_tokens(model="tiny", messages=handed_back)
+    written_out = [{"role": "user", "content": SUMMARY_HEADING + SUMMARY}, {"role": "assistant", "content": "Sunny."},
+                   {"role": "user", "content": "Thanks"}]
+    assert counted.input_tokens == client.messages.count_tokens(model="tiny", messages=written_out).input_tokens
+    below = client.beta.messages.create(model="tiny", max_tokens=20, messages=long, betas=["compact-2026-01-12"],
+                                        context_management={"edits": [{"type": "compact_20260112"}]})
+    assert [b.type for b in below.content] == ["text"]  # 150,000 tokens by default

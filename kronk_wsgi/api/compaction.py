@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Optional
 
 import structlog
 
-from ..serving.events import Compacted, Compacting, Event, Failed, Finished, KeepAlive, TextDelta
+from ..serving.events import ChoiceEnd, Compacted, Compacting, Event, Failed, Finished, KeepAlive, TextDelta
 from ..serving.session import Session
 from .errors import ApiError, invalid
 from .planning import GenerationRequest
@@ -47,12 +47,14 @@ def compacted(messages: list[dict], summary: str) -> list[dict]:
     return [m for m in messages if kept(m)] + [summary_message(summary)]
 
 
-def summary_request(request: GenerationRequest, max_tokens: int) -> GenerationRequest:
-    """The request for a summary of ``request``'s conversation: its prompt with SUMMARY_PROMPT after it, its tools
-    shown but not called, no thinking, at most ``max_tokens``; with the oldest turns cut if it does not fit."""
+def summary_request(request: GenerationRequest, max_tokens: int, instructions: Optional[str] = None) -> GenerationRequest:
+    """The request for a summary of ``request``'s conversation: its prompt with SUMMARY_PROMPT (and the client's
+    ``instructions``) after it, its tools shown but not called, no thinking, at most ``max_tokens``; with the oldest
+    turns cut if it does not fit."""
     tools = request.tools and dataclasses.replace(request.tools, choice="none", name=None, allowed=None)
+    asked = SUMMARY_PROMPT if instructions is None else f"{SUMMARY_PROMPT}\n\n{instructions}"
     return dataclasses.replace(
-        request, messages=request.messages + [{"role": "user", "content": SUMMARY_PROMPT}], continue_final=False,
+        request, messages=request.messages + [{"role": "user", "content": asked}], continue_final=False,
         truncate=True, n=1, tools=tools, reply_format=None, thinking=False, thinking_budget=None, stop=(),
         max_tokens=max_tokens, top_logprobs=None, token_ids=False, not_offered=(), cache_breaks=(),
     )
@@ -60,13 +62,16 @@ def summary_request(request: GenerationRequest, max_tokens: int) -> GenerationRe
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How a request is compacted: its summary's request, and the reply's once the summary is written."""
+    """How a request is compacted: its summary's request, and the reply's once the summary is written (``pause``:
+    none, the answer ends with the summary)."""
 
     summary: GenerationRequest
     reply: Callable[[str], GenerationRequest]
+    pause: bool = False
 
 
-def plan_compaction(request: GenerationRequest, reply: Callable[[str], GenerationRequest]) -> Plan:
+def plan_compaction(request: GenerationRequest, reply: Callable[[str], GenerationRequest],
+                    instructions: Optional[str] = None, pause: bool = False) -> Plan:
     """The compaction of ``request``, whose reply once compacted is ``reply(summary)``: the summary may take what
     the context leaves beside the compacted conversation and a reply's room. 400 if that is too little (the kept
     messages alone nearly fill the context)."""
@@ -76,12 +81,12 @@ def plan_compaction(request: GenerationRequest, reply: Callable[[str], Generatio
         raise invalid(f"context_management: the user's and system messages alone take {base} of the context's "
                       f"{context} tokens, which leaves no room for a summary and a reply: compacting cannot help",
                       param="context_management")
-    return Plan(summary_request(request, room), reply)
+    return Plan(summary_request(request, room, instructions), reply, pause)
 
 
 def start_compaction(plan: Plan) -> "CompactingSession":
     """Admit the summary's generation (the reply's follows it, on the same place): before the commit."""
-    return CompactingSession(start_generation(plan.summary), plan.reply, follow_on())
+    return CompactingSession(start_generation(plan.summary), None if plan.pause else plan.reply, follow_on())
 
 
 def write_summary(plan: Plan) -> tuple[str, Finished]:
@@ -97,9 +102,10 @@ def _summary_text(events: list[Event]) -> str:
 class CompactingSession:
     """The summary's generation, then the reply's on the conversation it compacted, as one session's events:
     Compacting, the summary's keep-alives, Compacted (the summary), then the reply's own events. The reply is
-    planned once its summary is written, and takes over the summary's admission place."""
+    planned once its summary is written, and takes over the summary's admission place. With no ``reply``, the
+    answer ends with the summary: a "compaction" ChoiceEnd, and the summary's Finished."""
 
-    def __init__(self, summary: Session, reply: Callable[[str], GenerationRequest],
+    def __init__(self, summary: Session, reply: Optional[Callable[[str], GenerationRequest]],
                  start: Callable[[Session, GenerationRequest], Session]) -> None:
         self.summary, self.reply, self.start = summary, reply, start
         self.stats = summary.stats  # the reply's take their place (see Session)
@@ -144,6 +150,10 @@ class CompactingSession:
                 log.info("conversation compacted", prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
                          summary_tokens=usage.completion_tokens)
                 yield Compacted(summary, usage)
+                if self.reply is None:
+                    yield ChoiceEnd("compaction")
+                    yield event
+                    return
                 break
         else:
             return  # the client left, or the request's time ran out: the summary's session said so

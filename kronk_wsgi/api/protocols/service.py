@@ -81,7 +81,7 @@ def _anthropic_info(listed: Listed) -> dict:
             "batch": no, "citations": no, "code_execution": no, "image_input": no, "pdf_input": no,
             "structured_outputs": yes,
             "context_management": {"supported": True, "clear_tool_uses_20250919": yes,
-                                   "clear_thinking_20251015": yes, "compact_20260112": no},
+                                   "clear_thinking_20251015": yes, "compact_20260112": yes},
             "effort": {"supported": True, "low": yes, "medium": yes, "high": yes, "max": yes, "xhigh": no},
             "server_tools": {"supported": False, "code_execution": no, "web_search": no},
             "thinking": {"supported": listed.thinks, "types": {"adaptive": thinking, "enabled": thinking,

@@ -32,6 +32,7 @@ class EditedContext:
     messages: list[dict]  # the template messages, edited
     applied: list[dict]  # the edits that cleared something, as Anthropic reports them
     original_tokens: int  # the prompt's tokens before the edits
+    tokens: int  # and after them
 
 
 def prompt_tokens(model: LoadedModel, body: CountTokensRequest, messages: list[dict]) -> int:
@@ -48,6 +49,8 @@ def edit_context(model: LoadedModel, body: CountTokensRequest) -> EditedContext:
     tokens = original = prompt_tokens(model, body, messages)
     applied = []
     for edit in body.context_management.edits:
+        if edit.type.startswith("compact"):
+            continue  # a compaction writes a summary: the view's (see compaction_plan)
         if edit.type.startswith("clear_thinking"):
             keep = None if edit.keep == "all" else (edit.keep.value if edit.keep else DEFAULT_KEEP_THINKING_TURNS)
             cleared = 0 if keep is None else max(0, body.thinking_turns() - keep)
@@ -64,7 +67,7 @@ def edit_context(model: LoadedModel, body: CountTokensRequest) -> EditedContext:
         messages = edited[0]
         applied.append({"type": edit.type, "cleared_tool_uses": edited[1], "cleared_input_tokens": tokens - after})
         tokens = after
-    return EditedContext(messages, applied, original)
+    return EditedContext(messages, applied, original, tokens)
 
 
 def _clear_tool_uses(messages: list[dict], edit: ContextEdit, tokens: int) -> Optional[tuple[list[dict], int]]:

@@ -5,7 +5,7 @@ import json
 from typing import Any, Iterator, Optional
 
 from ....serving.events import (
-    ArgumentsDelta, ChoiceEnd, Event, Failed, Finished, PromptCached, ReasoningDelta, ServerToolCall,
+    ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, Failed, Finished, PromptCached, ReasoningDelta, ServerToolCall,
     ServerToolResult, TextDelta, ToolCall, ToolCallStart, ToolsListed, Usage,
 )
 from ...response import Encoder
@@ -30,7 +30,7 @@ def _stop_reason(event: ChoiceEnd) -> str:
         return "stop_sequence"
     if event.reason == "length" and event.window_full:
         return "model_context_window_exceeded"
-    return {"length": "max_tokens", "tool_calls": "tool_use"}.get(event.reason, "end_turn")
+    return {"length": "max_tokens", "tool_calls": "tool_use", "compaction": "compaction"}.get(event.reason, "end_turn")
 
 
 def _tool_use(call: ToolCall, input_: Any) -> dict:
@@ -141,6 +141,18 @@ class MessagesEncoder(Encoder):
             yield self._input(event.arguments[sent or 0:])
         yield from self._close_block()
 
+    def compacting(self, event: Compacting) -> Iterator[str]:
+        yield from self._close_block()
+        start = {"type": "content_block_start", "index": self.blocks, "content_block": {"type": "compaction",
+                                                                                         "content": None}}
+        yield sse(start, "content_block_start")
+        self.open_block = "compaction"
+
+    def compacted(self, event: Compacted) -> Iterator[str]:
+        delta = {"type": "compaction_delta", "content": event.summary}
+        yield sse({"type": "content_block_delta", "index": self.blocks, "delta": delta}, "content_block_delta")
+        yield from self._close_block()
+
     def tools_listed(self, event: ToolsListed) -> Iterator[str]:
         return iter(())  # the Messages API lists no connector's tools in the message
 
@@ -182,6 +194,8 @@ class MessagesEncoder(Encoder):
         for event in output:
             if isinstance(event, ToolCall):
                 content.append(_tool_use(event, _tool_input(event)))
+            elif isinstance(event, Compacted):
+                content.append({"type": "compaction", "content": event.summary})
             elif isinstance(event, ServerToolCall):
                 content.append(_mcp_tool_use(event, _tool_input(event.call)))
             elif isinstance(event, ServerToolResult):

@@ -9,6 +9,7 @@ import pydantic
 from pydantic import Discriminator, Field, Tag
 
 from ....engine.sampling import SamplingParams
+from ...compaction import summary_message
 from ...planning import GenerationRequest, ReplyFormat, ToolUse
 from ...schemas import FunctionName, Strict, left_out, template_tool, template_tool_call, template_variables
 
@@ -71,6 +72,18 @@ class McpToolResultBlock(Strict):
     def text(self) -> str:
         text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
         return f"Error: {text}" if self.is_error else text
+
+
+class CompactionBlock(Strict):
+    """A summary of the conversation before it (an earlier compaction's): what came before it is left out of the
+    prompt, and the summary stands in its place. With no content (a compaction that failed), nothing is left out."""
+
+    type: Literal["compaction"]
+    content: Optional[Annotated[str, Field(min_length=1)]] = None
+    encrypted_content: Optional[str] = None  # nothing of this server's: accepted, as clients send blocks back
+    signature: Optional[str] = None
+    tool_changes: Optional[list[dict[str, Any]]] = None
+    cache_control: Optional[CacheControl] = None
 
 
 class ThinkingBlock(Strict):
@@ -138,7 +151,7 @@ class DocumentBlock(Strict):
 
 Block = Annotated[
     Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock, DocumentBlock,
-          McpToolUseBlock, McpToolResultBlock],
+          McpToolUseBlock, McpToolResultBlock, CompactionBlock],
     Field(discriminator="type"),
 ]
 
@@ -176,15 +189,25 @@ class Message(Strict):
             elif isinstance(block, (ToolResultBlock, McpToolResultBlock)):
                 flush()
                 out.append({"role": "tool", "content": block.text(), "tool_call_id": block.tool_use_id})
+            elif isinstance(block, CompactionBlock) and block.content is not None:
+                out.clear()  # what came before it is in the summary
+                text.clear()
+                calls.clear()
+                out.append(summary_message(block.content))
         flush()
         return out
+
+    def compacts(self) -> bool:
+        """Whether the message has a summary of the conversation before it."""
+        return isinstance(self.content, list) and any(isinstance(b, CompactionBlock) and b.content is not None
+                                                      for b in self.content)
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "Message":
         for block in self.content if isinstance(self.content, list) else ():
             if isinstance(block, ToolUseBlock) and self.role != "assistant":
                 raise ValueError("tool_use blocks belong in assistant messages")
-            if isinstance(block, (McpToolUseBlock, McpToolResultBlock)) and self.role != "assistant":
+            if isinstance(block, (McpToolUseBlock, McpToolResultBlock, CompactionBlock)) and self.role != "assistant":
                 raise ValueError(f"{block.type} blocks belong in assistant messages")
             if isinstance(block, ToolResultBlock) and self.role != "user":
                 raise ValueError("tool_result blocks belong in user messages")
@@ -343,10 +366,13 @@ class Count(Strict):
 
 
 class ContextEdit(Strict):
-    """A context-management edit, applied to the prompt: see context_editing.py."""
+    """A context-management edit, applied to the prompt: see context_editing.py (and, for compact_20260112, a
+    summary the model writes: see views.py)."""
 
-    type: Literal["clear_tool_uses_20250919", "clear_thinking_20251015"]
+    type: Literal["clear_tool_uses_20250919", "clear_thinking_20251015", "compact_20260112"]
     trigger: Optional[Count] = None
+    instructions: Optional[str] = None  # compact's: more to tell the model when it writes its summary
+    pause_after_compaction: Optional[bool] = None  # compact's: the message ends with the summary
     keep: Union[Count, Literal["all"], None] = None
     clear_at_least: Optional[Count] = None
     exclude_tools: Optional[list[str]] = None
@@ -354,9 +380,9 @@ class ContextEdit(Strict):
 
     @pydantic.model_validator(mode="after")
     def _counts(self) -> "ContextEdit":
-        clears_tools = self.type.startswith("clear_tool_uses")
-        allowed = {"trigger": ("input_tokens", "tool_uses") if clears_tools else (),
-                   "keep": ("tool_uses",) if clears_tools else ("thinking_turns",),
+        clears_tools, compacts = self.type.startswith("clear_tool_uses"), self.type.startswith("compact")
+        allowed = {"trigger": ("input_tokens", "tool_uses") if clears_tools else ("input_tokens",) if compacts else (),
+                   "keep": ("tool_uses",) if clears_tools else () if compacts else ("thinking_turns",),
                    "clear_at_least": ("input_tokens",) if clears_tools else ()}
         for name, types in allowed.items():
             value = getattr(self, name)
@@ -365,7 +391,11 @@ class ContextEdit(Strict):
         if self.keep == "all" and clears_tools:
             raise ValueError(f"{self.type}: keep takes a count of tool_uses")
         if not clears_tools and (self.exclude_tools is not None or self.clear_tool_inputs is not None):
-            raise ValueError(f"{self.type} clears thinking: exclude_tools and clear_tool_inputs are clear_tool_uses'")
+            raise ValueError(f"{self.type}: exclude_tools and clear_tool_inputs are clear_tool_uses'")
+        if not compacts and (self.instructions is not None or self.pause_after_compaction is not None):
+            raise ValueError(f"{self.type}: instructions and pause_after_compaction are compact_20260112's")
+        if compacts and self.keep is not None:
+            raise ValueError(f"{self.type} keeps nothing but its summary: keep is the clearing strategies'")
         return self
 
 
@@ -429,8 +459,10 @@ class CountTokensRequest(Strict):
             system = "".join(BILLING_HEADER.sub("", text) for text in blocks)
             if system or not any(BILLING_HEADER.match(text) for text in blocks):  # a system prompt of its own
                 messages.append({"role": "system", "content": system})
-        for message in self.messages:
-            messages.extend(message.for_template())
+        start = max((i for i, m in enumerate(self.messages) if m.compacts()), default=0)
+        for index, message in enumerate(self.messages):
+            if index >= start:  # the last summary stands for the messages before it
+                messages.extend(message.for_template())
             ends.append(len(messages))
         return messages, ends
 

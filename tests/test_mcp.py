@@ -256,3 +256,33 @@ def test_anthropics_mcp_connector_runs_the_servers_tools_in_the_message(scripted
     elsewhere = scripted_mcp.post("/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": ask, "mcp_servers": [
         {"type": "url", "url": "http://127.0.0.1:9/mcp", "name": "x"}]})
     assert elsewhere.status_code == 400 and elsewhere.json()["error"]["message"].startswith("mcp_servers[0].url")
+
+
+NODE_MODULES = Path(os.environ.get("KRONK_TEST_NODE_MODULES", "/nonexistent"))
+FILESYSTEM = NODE_MODULES / ".bin" / "mcp-server-filesystem"
+
+
+@pytest.fixture(scope="module")
+def with_files(tiny_model, tmp_path_factory):
+    if not FILESYSTEM.exists():
+        if os.environ.get("KRONK_TEST_REQUIRE_NPM"):
+            raise RuntimeError("@modelcontextprotocol/server-filesystem is required (KRONK_TEST_REQUIRE_NPM)")
+        pytest.skip("@modelcontextprotocol/server-filesystem is not installed (KRONK_TEST_NODE_MODULES)")
+    folder = tmp_path_factory.mktemp("files")
+    (folder / "note.txt").write_text("the key is under the mat\n")
+    servers = {"files": {"command": str(FILESYSTEM), "args": [str(folder)]}}
+    env = {"KRONK_MODELS": json.dumps({"tiny": {"path": str(tiny_model)}}), "KRONK_MCP_SERVERS": json.dumps(servers)}
+    with run_server(tmp_path_factory.mktemp("files-server"), env) as server:
+        yield server, folder
+
+
+def test_an_npm_stdio_server_reads_its_folder_and_nothing_outside_it(with_files):
+    server, folder = with_files
+    names = {t["tool"] for t in requests.get(server.url + "/tools", timeout=60).json()}
+    assert {"files_read_text_file", "files_list_directory"} <= names, names
+    read = _call(server, "files_read_text_file", path=str(folder / "note.txt")).json()
+    assert read == {"plain_text_response": "the key is under the mat\n"}
+    listed = _call(server, "files_list_directory", path=str(folder)).json()
+    assert "note.txt" in listed["plain_text_response"]
+    outside = _call(server, "files_read_text_file", path="/etc/passwd").json()
+    assert "error" in outside and "denied" in outside["error"].lower(), outside

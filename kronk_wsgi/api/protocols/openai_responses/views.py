@@ -143,8 +143,6 @@ def responses():
     conversation = previous + body.input_messages()
     request = body.generation_request(conversation, served.functions() if served else ())
     compaction = _compaction(body, request, conversation)
-    if served is not None and (compaction is not None or body.background):
-        raise invalid("mcp tools run in a foreground response that is not compacted here", param="tools")
     response_id = new_id("resp_")
     if compaction is not None:
         session = start_compaction(compaction)
@@ -195,6 +193,8 @@ def responses():
 def _served(body: ResponsesRequest) -> Optional[ServerTools]:
     """The request's mcp tools, with the calls its input approves already run."""
     served = server_tools(body)
+    if served is not None and (body.background or body.context_management):
+        raise invalid("mcp tools run here in a foreground response, without context_management", param="tools")
     if any(isinstance(item, McpApprovalResponseItem) for item in body.input_items()):
         earlier = [] if body.previous_response_id is None else \
             _stored(state().responses.get, body.previous_response_id, "previous_response_id")["output"]

@@ -375,6 +375,14 @@ class AllowedToolsChoice(Strict):
     mode: Literal["auto", "required"]
     tools: list[AllowedTool]
 
+    @pydantic.field_validator("tools")
+    @classmethod
+    def _no_mcp(cls, tools: list[AllowedTool]) -> list[AllowedTool]:
+        if any(tool.type == "mcp" for tool in tools):
+            raise ValueError("an mcp tool cannot be named in allowed_tools here yet: choose its tools with the mcp "
+                             "tool's own allowed_tools")
+        return tools
+
 
 class TextFormat(Strict):
     type: Literal["text"]

@@ -71,7 +71,6 @@ class McpServers:
         self._starting = Semaphore()
         self._writing = Semaphore()
         self._tools: Optional[dict[str, McpTool]] = None
-        self.failed: dict[str, str] = {}  # servers that did not start, and why
 
     def tools(self) -> dict[str, McpTool]:
         """Every server's tools by name, listed once (a name two servers would share goes to the first)."""
@@ -85,7 +84,8 @@ class McpServers:
                     log.warning("MCP tool name taken: left out", tool=tool.name, server=tool.server)
                     continue
                 tools[tool.name] = tool
-            self.failed = listing["failed"]
+            if listing["failed"]:
+                log.warning("MCP servers not started: their tools are not listed", failed=listing["failed"])
             self._tools = tools
         return self._tools
 

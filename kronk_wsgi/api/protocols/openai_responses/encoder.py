@@ -4,8 +4,8 @@ import uuid
 from typing import Any, Callable, Iterator, Optional
 
 from ....serving.events import (
-    ApprovalAsked, ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, ServerToolCall, ServerToolResult,
-    ToolsListed, Failed, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCall, ToolCallStart,
+    ApprovalAsked, ArgumentsDelta, ChoiceEnd, Compacted, Compacting, Event, Failed, Finished, Logprobs,
+    ReasoningDelta, ServerToolCall, ServerToolResult, TextDelta, ToolCall, ToolCallStart, ToolsListed,
     Usage,
 )
 from ....serving.formats import custom_input
@@ -98,7 +98,8 @@ class ResponsesEncoder(BackgroundEncoder):
 
     The model's thinking is a reasoning item (its text as reasoning_text) before the answer; with ``seal``,
     the item also carries its text sealed as ``encrypted_content``, for a client that keeps no state. A
-    compaction's summary is a compaction item, first, sealed by ``seal_summary``.
+    compaction's summary is a compaction item, first, sealed by ``seal_summary``; the tools this server runs give
+    mcp_list_tools, mcp_call and mcp_approval_request items.
     """
 
     protocol = PROTOCOL

@@ -139,7 +139,7 @@ def test_a_load_that_fails_unexpectedly_reaches_every_waiter(in_process_pool, mo
             outcomes.append(str(exc))
 
     waiters = [gevent.spawn(ask) for _ in range(4)]
-    gevent.joinall(waiters, timeout=30)
+    gevent.joinall(waiters, timeout=90)  # past the load's own 30 s wait for them: it fails by then in any case
     assert len(outcomes) == 4 and all("could not be loaded" in o for o in outcomes), outcomes
     assert "OSError: disk full" in pool.load_errors["a"]
 

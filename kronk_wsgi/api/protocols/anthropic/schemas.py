@@ -37,8 +37,9 @@ class ToolUseBlock(Strict):
     cache_control: Optional[CacheControl] = None
 
 
-class ToolResultBlock(Strict):
-    type: Literal["tool_result"]
+class ToolAnswer(Strict):
+    """A tool's answer to a call: its text, or its error."""
+
     tool_use_id: str
     content: Union[str, list[TextBlock]] = ""
     is_error: bool = False
@@ -47,6 +48,10 @@ class ToolResultBlock(Strict):
     def text(self) -> str:
         text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
         return f"Error: {text}" if self.is_error else text
+
+
+class ToolResultBlock(ToolAnswer):
+    type: Literal["tool_result"]
 
 
 class McpToolUseBlock(Strict):
@@ -60,18 +65,10 @@ class McpToolUseBlock(Strict):
     cache_control: Optional[CacheControl] = None
 
 
-class McpToolResultBlock(Strict):
+class McpToolResultBlock(ToolAnswer):
     """That call's result, in the same assistant turn: the tool's answer."""
 
     type: Literal["mcp_tool_result"]
-    tool_use_id: str
-    content: Union[str, list[TextBlock]] = ""
-    is_error: bool = False
-    cache_control: Optional[CacheControl] = None
-
-    def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
-        return f"Error: {text}" if self.is_error else text
 
 
 class CompactionBlock(Strict):
@@ -186,7 +183,7 @@ class Message(Strict):
                 text.append(block.text())
             elif isinstance(block, (ToolUseBlock, McpToolUseBlock)):
                 calls.append(template_tool_call(block.id, block.name, block.input))
-            elif isinstance(block, (ToolResultBlock, McpToolResultBlock)):
+            elif isinstance(block, ToolAnswer):
                 flush()
                 out.append({"role": "tool", "content": block.text(), "tool_call_id": block.tool_use_id})
             elif isinstance(block, CompactionBlock) and block.content is not None:

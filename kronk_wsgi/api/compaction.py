@@ -15,7 +15,7 @@ from ..serving.session import Session
 from .errors import ApiError, invalid
 from .planning import GenerationRequest
 from .response import run_to_end
-from .sessions import follow_on, measure_prompt, start_generation
+from .sessions import SessionChain, measure_prompt, start_generation
 
 SUMMARY_PROMPT = (
     "Your context is nearly full, so this conversation will be replaced by a summary that you write now. Write "
@@ -86,7 +86,7 @@ def plan_compaction(request: GenerationRequest, reply: Callable[[str], Generatio
 
 def start_compaction(plan: Plan) -> "CompactingSession":
     """Admit the summary's generation (the reply's follows it, on the same place): before the commit."""
-    return CompactingSession(start_generation(plan.summary), None if plan.pause else plan.reply, follow_on())
+    return CompactingSession(start_generation(plan.summary), None if plan.pause else plan.reply)
 
 
 def write_summary(plan: Plan) -> tuple[str, Finished]:
@@ -99,45 +99,20 @@ def _summary_text(events: list[Event]) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta)).strip()
 
 
-class CompactingSession:
+class CompactingSession(SessionChain):
     """The summary's generation, then the reply's on the conversation it compacted, as one session's events:
     Compacting, the summary's keep-alives, Compacted (the summary), then the reply's own events. The reply is
-    planned once its summary is written, and takes over the summary's admission place. With no ``reply``, the
-    answer ends with the summary: a "compaction" ChoiceEnd, and the summary's Finished."""
+    planned once its summary is written. With no ``reply``, the answer ends with the summary: a "compaction"
+    ChoiceEnd, and the summary's Finished."""
 
-    def __init__(self, summary: Session, reply: Optional[Callable[[str], GenerationRequest]],
-                 start: Callable[[Session, GenerationRequest], Session]) -> None:
-        self.summary, self.reply, self.start = summary, reply, start
-        self.stats = summary.stats  # the reply's take their place (see Session)
-        self._reply: Optional[Session] = None
-        self._events: Optional[Iterator[Event]] = None
-
-    def __iter__(self) -> Iterator[Event]:
-        self._events = self._run()
-        return self._events
-
-    def close(self) -> None:
-        """Stop either generation and give everything back; safe to call more than once."""
-        try:
-            if self._events is not None:
-                self._events.close()
-        finally:
-            self.summary.close()
-            if self._reply is not None:
-                self._reply.close()
-
-    def _run(self) -> Iterator[Event]:
-        try:
-            yield from self._steps()
-        except GeneratorExit:  # the client left between the summary and the reply
-            if self.stats.outcome in ("", "ok"):
-                self.stats.outcome = "client_gone"
-            raise
+    def __init__(self, summary: Session, reply: Optional[Callable[[str], GenerationRequest]]) -> None:
+        super().__init__(summary)
+        self.reply = reply
 
     def _steps(self) -> Iterator[Event]:
         yield Compacting()
         written: list[Event] = []
-        for event in self.summary:
+        for event in self.first:
             if isinstance(event, (KeepAlive, Failed)):
                 yield event
                 if isinstance(event, Failed):
@@ -158,8 +133,8 @@ class CompactingSession:
         else:
             return  # the client left, or the request's time ran out: the summary's session said so
         try:
-            self._reply = self.start(self.summary, self.reply(summary))
+            reply = self.follow(self.reply(summary))
         except ApiError as exc:
             yield Failed(exc.code or "invalid_request_error", exc.message)
             return
-        yield from self._reply
+        yield from reply

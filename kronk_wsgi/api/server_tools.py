@@ -12,7 +12,7 @@ ends and takes over its admission place.
 import dataclasses
 import json
 import time
-from typing import Callable, Generator, Iterator, Optional
+from typing import Generator, Iterator, Optional
 
 import gevent
 
@@ -26,6 +26,7 @@ from ..serving.session import Session
 from .errors import ApiError, invalid
 from .planning import GenerationRequest
 from .schemas import template_tool, template_tool_call
+from .sessions import SessionChain
 from .state import state
 
 MOST_CALLS = 16  # server-run calls in one request at most, unless the request sets fewer (max_tool_calls)
@@ -92,43 +93,20 @@ def run_call(mcp: McpServers, tool: McpTool, call: ToolCall, approval: Optional[
     return ServerToolResult(call, tool.server, tool.tool, result.text, result.error, result.by_tool, approval)
 
 
-class ToolLoopSession:
+class ToolLoopSession(SessionChain):
     """The request's generations, as many as its server-run tools take (see the module's docstring)."""
 
-    def __init__(self, first: Session, request: GenerationRequest, tools: ServerTools, mcp: McpServers,
-                 start: Callable[[Session, GenerationRequest], Session]) -> None:
-        self.session, self.request, self.tools, self.mcp, self.start = first, request, tools, mcp, start
-        self.stats = first.stats
-        self._sessions = [first]
+    def __init__(self, first: Session, request: GenerationRequest, tools: ServerTools, mcp: McpServers) -> None:
+        super().__init__(first)
+        self.request, self.tools, self.mcp = request, tools, mcp
         self._served_ids: set[str] = set()  # the calls of server-run tools being written
-        self._events: Optional[Iterator[Event]] = None
 
-    def __iter__(self) -> Iterator[Event]:
-        self._events = self._run()
-        return self._events
-
-    def close(self) -> None:
-        try:
-            if self._events is not None:
-                self._events.close()
-        finally:
-            for session in self._sessions:
-                session.close()
-
-    def _run(self) -> Iterator[Event]:
-        try:
-            yield from self._loop()
-        except GeneratorExit:  # the client left between generations (within one, its session says so)
-            if self.stats.outcome in ("", "ok"):
-                self.stats.outcome = "client_gone"
-            raise
-
-    def _loop(self) -> Iterator[Event]:
+    def _steps(self) -> Iterator[Event]:
         yield from self.tools.listed
         for result in self.tools.answered:
             yield ServerToolCall(result.call, result.server, result.tool)
             yield result
-        request, session, calls = self.request, self.session, 0
+        request, session, calls = self.request, self.first, 0
         usage = Usage(0, 0)
         while True:
             held: list[ToolCall] = []
@@ -178,11 +156,10 @@ class ToolLoopSession:
                 request = dataclasses.replace(request, tools=request.tools and dataclasses.replace(
                     request.tools, choice="none", name=None, allowed=None))
             try:
-                session = self.start(session, request)
+                session = self.follow(request)
             except ApiError as exc:
                 yield Failed(exc.code or "invalid_request_error", exc.message)
                 return
-            self._sessions.append(session)
 
     def _served(self, event: ToolCallStart | ArgumentsDelta) -> bool:
         """Whether a call being written is of a server-run tool (its start names it; its deltas follow)."""

@@ -88,22 +88,6 @@ def start_generation(request: GenerationRequest) -> Session:
     return _start(request.model, lambda model: plan(model, request))
 
 
-def follow_on() -> Callable[[Session, GenerationRequest], Session]:
-    """What starts a generation that follows an ended one of this request, after the commit: planned then on the
-    ended one's model, it takes over its admission place (no second wait in line) and the request's stats. Made
-    before the commit (it keeps the request's cache scope); the request it is given was checked then. A failure
-    to plan is an ApiError for the caller to send in-band."""
-    scope = cache_scope()
-
-    def start(previous: Session, request: GenerationRequest) -> Session:
-        job = plan(previous.model, dataclasses.replace(request, cache_scope=scope))
-        return Session(previous.model, previous.pass_lease(), job, started=previous.started,
-                       deadline=previous.deadline, drain=previous.drain, keepalive=previous.keepalive,
-                       client_gone=previous.client_gone, metrics=previous.metrics, stats=previous.stats)
-
-    return start
-
-
 def count_prompt_tokens(request: GenerationRequest) -> int:
     """The prompt tokens a generation request would take on its model, planned as it would be (with no hint to
     the prompt cache: counting saves nothing); nothing is generated."""
@@ -166,6 +150,55 @@ def cache_scope() -> str:
     """Whose cached prompt prefixes the request may reuse: its API key's own, unless prompt_cache_scope shares
     them (see Slot.enter)."""
     return record().owner if state().settings.prompt_cache_scope == "key" else ""
+
+
+class SessionChain:
+    """A request's generations one after another, as one session's events (``_steps``): each after the first is
+    started by ``follow`` once the one before it ended, planned then on the same model, and takes over its
+    admission place (no second wait in line) and the request's stats. Made before the commit (it keeps the
+    request's cache scope); iterate it once, and close it in every case."""
+
+    def __init__(self, first: Session) -> None:
+        self.first = first
+        self.stats = first.stats  # each later generation's take their place (see Session)
+        self._scope = cache_scope()
+        self._sessions = [first]
+        self._events: Optional[Iterator] = None
+
+    def __iter__(self) -> Iterator:
+        self._events = self._run()
+        return self._events
+
+    def close(self) -> None:
+        """Stop whichever generation runs and give everything back; safe to call more than once."""
+        try:
+            if self._events is not None:
+                self._events.close()
+        finally:
+            for session in self._sessions:
+                session.close()
+
+    def _run(self) -> Iterator:
+        try:
+            yield from self._steps()
+        except GeneratorExit:  # the client left between generations (within one, its session says so)
+            if self.stats.outcome in ("", "ok"):
+                self.stats.outcome = "client_gone"
+            raise
+
+    def _steps(self) -> Iterator:
+        raise NotImplementedError
+
+    def follow(self, request: GenerationRequest) -> Session:
+        """The next generation, the last one having ended; an ApiError (after the commit: the caller's to send
+        in-band) if ``request``, checked before the commit, cannot be planned."""
+        previous = self._sessions[-1]
+        job = plan(previous.model, dataclasses.replace(request, cache_scope=self._scope))
+        session = Session(previous.model, previous.pass_lease(), job, started=previous.started,
+                          deadline=previous.deadline, drain=previous.drain, keepalive=previous.keepalive,
+                          client_gone=previous.client_gone, metrics=previous.metrics, stats=previous.stats)
+        self._sessions.append(session)
+        return session
 
 
 def shutting_down() -> ApiError:

@@ -13,7 +13,7 @@ from ...planning import GenerationRequest
 from ...cache_diagnostics import diagnose
 from ...response import respond
 from ...server_tools import ToolLoopSession
-from ...sessions import follow_on, start_generation, use_model
+from ...sessions import start_generation, use_model
 from ...state import record, state
 from .connector import connector_tools
 from .context_editing import edit_context, prompt_tokens
@@ -41,7 +41,7 @@ def messages():
     session = start_compaction(compaction) if compaction is not None else start_generation(request)
     input_tokens = session.stats.prompt_tokens
     if served is not None:
-        session = ToolLoopSession(session, request, served, state().mcp, follow_on())
+        session = ToolLoopSession(session, request, served, state().mcp)
     message_id = record().response_id = "msg_" + uuid.uuid4().hex
     shown = getattr(body.thinking, "display", None) != "omitted"
     managed = {"applied_edits": edited.applied} if edited else None

@@ -184,14 +184,18 @@ class McpApprovalResponseItem(Strict):
         return "The user declined this call" + (f": {self.reason}" if self.reason else ".")
 
 
-def mcp_error_text(error: Any) -> str:
-    """An mcp_call item's error as text: a string, an error object's message, or its content's text."""
+def mcp_call_answer(output: Optional[str], error: Any) -> str:
+    """What the model read as an mcp_call's answer: its output, or its error (a string, or one of OpenAI's error
+    objects: its message, or its content's text) said as one."""
+    if error is None:
+        return output or ""
     if isinstance(error, dict):
         content = error.get("content")
-        if isinstance(content, list):
-            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        return str(error.get("message", ""))
-    return str(error)
+        text = "".join(part.get("text", "") for part in content if isinstance(part, dict)) \
+            if isinstance(content, list) else str(error.get("message", ""))
+    else:
+        text = str(error)
+    return f"Error: {text}"
 
 
 def _item_type(value: Any) -> Optional[str]:
@@ -473,8 +477,8 @@ class ConversationBody(Strict):
                     messages.append({"role": "assistant", "content": ""})
                 messages[-1].setdefault("tool_calls", []).append(template_tool_call(call_id, item.name, arguments))
                 if isinstance(item, McpCallItem):
-                    text = (item.output or "") if item.error is None else f"Error: {mcp_error_text(item.error)}"
-                    messages.append({"role": "tool", "content": text, "tool_call_id": call_id})
+                    messages.append({"role": "tool", "content": mcp_call_answer(item.output, item.error),
+                                     "tool_call_id": call_id})
             elif isinstance(item, McpApprovalResponseItem):
                 messages.append({"role": "tool", "content": item.answer, "tool_call_id": item.approval_request_id})
             elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):

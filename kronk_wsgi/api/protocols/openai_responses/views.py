@@ -21,14 +21,14 @@ from ...planning import GenerationRequest
 from ...response import respond, watched
 from ...schemas import template_tool_call
 from ...server_tools import ServerTools, ToolLoopSession
-from ...sessions import count_prompt_tokens, follow_on, measure_prompt, start_generation, start_later
+from ...sessions import count_prompt_tokens, measure_prompt, start_generation, start_later
 from ...state import record, state
 from .encoder import ResponsesEncoder, compaction_item, new_id, usage_object
 from .protocol import PROTOCOL, bp
 from .mcp_tools import run_approved, server_tools
 from .schemas import (
     CompactionItem, CompactRequest, ConversationBody, McpApprovalResponseItem, ReasoningItem, ResponsesRequest,
-    mcp_error_text,
+    mcp_call_answer,
 )
 
 log = structlog.get_logger("kronk_wsgi.responses")
@@ -116,9 +116,8 @@ def _output_messages(output: list[dict]) -> list[dict]:
             assistant().setdefault("tool_calls", []).append(
                 template_tool_call(call_id, item["name"], _call_arguments(item)))
             if item["type"] == "mcp_call":
-                error = item["error"]
-                text = (item["output"] or "") if error is None else f"Error: {mcp_error_text(error)}"
-                messages.append({"role": "tool", "content": text, "tool_call_id": call_id})
+                messages.append({"role": "tool", "content": mcp_call_answer(item["output"], item["error"]),
+                                 "tool_call_id": call_id})
     return messages or [{"role": "assistant", "content": ""}]
 
 
@@ -147,7 +146,7 @@ def responses():
     if compaction is not None:
         session = start_compaction(compaction)
     elif served is not None:
-        session = ToolLoopSession(start_generation(request), request, served, state().mcp, follow_on())
+        session = ToolLoopSession(start_generation(request), request, served, state().mcp)
     elif body.background:
         run = BackgroundRun(state(), response_id, record().owner)
         try:

@@ -4,7 +4,7 @@ import dataclasses
 import json
 import re
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import flask
 import gevent
@@ -13,19 +13,20 @@ from flask import jsonify
 
 from ....serving import offload
 from ....serving.formats import custom_arguments
+from ....serving.session import Session
 from ...background import UNFINISHED, BackgroundRun, resumed
 from ...body import parse_body
-from ...compaction import Plan, compacted, kept, plan_compaction, start_compaction, write_summary
+from ...compaction import CompactingSession, compacted, kept, plan_compaction, start_compaction, write_summary
 from ...errors import ApiError, invalid
 from ...planning import GenerationRequest
 from ...response import respond, watched
 from ...schemas import template_tool_call
 from ...server_tools import ServerTools, ToolLoopSession
-from ...sessions import count_prompt_tokens, measure_prompt, start_generation, start_later
+from ...sessions import count_prompt_tokens, start_generation, start_later
 from ...state import record, state
 from .encoder import ResponsesEncoder, compaction_item, new_id, usage_object
-from .protocol import PROTOCOL, bp
 from .mcp_tools import run_approved, server_tools
+from .protocol import PROTOCOL, bp
 from .schemas import (
     CompactionItem, CompactRequest, ConversationBody, McpApprovalResponseItem, ReasoningItem, ResponsesRequest,
     mcp_call_answer,
@@ -141,11 +142,8 @@ def responses():
     previous = [] if body.previous_response_id is None else _conversation(body.previous_response_id)
     conversation = previous + body.input_messages()
     request = body.generation_request(conversation, served.functions() if served else ())
-    compaction = _compaction(body, request, conversation)
     response_id = new_id("resp_")
-    if compaction is not None:
-        session = start_compaction(compaction)
-    elif served is not None:
+    if served is not None:
         session = ToolLoopSession(start_generation(request), request, served, state().mcp)
     elif body.background:
         run = BackgroundRun(state(), response_id, record().owner)
@@ -155,7 +153,7 @@ def responses():
             run.forget()
             raise
     else:
-        session = start_generation(request)
+        session = _compacted_if_due(body, request, start_generation(request), conversation)
     record().response_id = response_id
     choice = body.tool_choice
     store = body.store is not False  # OpenAI's default
@@ -203,17 +201,18 @@ def _served(body: ResponsesRequest) -> Optional[ServerTools]:
     return served
 
 
-def _compaction(body: ResponsesRequest, request: GenerationRequest, conversation: list[dict]) -> Optional[Plan]:
-    """How the request is compacted, if it asks to be and its prompt is past its threshold; else None."""
-    if not body.context_management:
-        return None
-    tokens, context = measure_prompt(request)
-    threshold = body.compact_threshold(context)
+def _compacted_if_due(body: ResponsesRequest, request: GenerationRequest, session: Session,
+                      conversation: list[dict]) -> Union[Session, CompactingSession]:
+    """``session`` (``request``'s), or, if the request asks to be compacted and its planned prompt is past its
+    threshold, the compaction's in its place (``session`` given back unstarted)."""
+    threshold = body.compact_threshold(session.model.engine.context_length)
+    tokens = session.job.prompt_tokens
     if threshold is None or tokens <= threshold:
-        return None
+        return session
+    session.close()
     log.info("conversation to compact", prompt_tokens=tokens, compact_threshold=threshold)
-    return plan_compaction(request, lambda summary: dataclasses.replace(
-        body.generation_request(compacted(conversation, summary)), cache_breaks=()))
+    return start_compaction(plan_compaction(request, lambda summary: dataclasses.replace(
+        body.generation_request(compacted(conversation, summary)), cache_breaks=())))
 
 
 @bp.post("/v1/responses/compact")

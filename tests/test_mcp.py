@@ -69,6 +69,11 @@ def test_tools_are_called_over_stdio_and_http(served):
     assert _call(served, "remote_add", a=3, b=5).json() == {"plain_text_response": "8.0"}
 
 
+def test_a_long_result_is_cut_and_says_so(served):
+    text = _call(served, "local_big", size=300_000).json()["plain_text_response"]
+    assert text.startswith("x" * 262_144) and text.endswith("[cut: the result had 300000 characters, 262144 are kept]")
+
+
 def test_a_tools_failure_and_a_timeout_are_errors_not_500s(served):
     failed = _call(served, "local_fail", reason="no such city")
     assert failed.status_code == 200 and "no such city" in failed.json()["error"]
@@ -107,7 +112,7 @@ def scripted_mcp(tiny_model, tmp_path_factory, http_mcp):
     from .support.scripted import run_scripted
 
     tmp = tmp_path_factory.mktemp("mcp-scripted")
-    servers = {"local": {"command": sys.executable, "args": [SERVER_SCRIPT]}}
+    servers = {"local": {"command": sys.executable, "args": [SERVER_SCRIPT], "timeout_ms": 600_000}}
     os.environ["KRONK_MCP_SERVERS"] = json.dumps(servers)
     os.environ["KRONK_MCP_ALLOW"] = http_mcp.removesuffix("mcp")
     try:
@@ -210,8 +215,8 @@ def test_a_client_gone_during_a_tool_call_ends_the_loop_and_frees_the_slot(scrip
         if "response.mcp_call.in_progress" in frame:
             break
     raw.close()
-    # Noticed within a second or so: waiting for the call would take its server's 30 s timeout.
-    wait_until(lambda: '"outcome": "client_gone"' in scripted_mcp.logs(), 25)
+    # Noticed within a second or so: waiting for the call would take the tool's 120 s (its timeout is 10 minutes).
+    wait_until(lambda: '"outcome": "client_gone"' in scripted_mcp.logs(), 60)
     scripted_mcp.say("Quick.")
     quick = scripted_mcp.post("/v1/responses", {"model": "tiny", "input": "Hi"})
     assert quick.status_code == 200 and quick.json()["output_text"] == "Quick."

@@ -21,7 +21,6 @@ from .host import CONFIG_VARIABLE, CONNECT_SECONDS
 log = structlog.get_logger("kronk_wsgi.mcp")
 
 ANSWER_MARGIN = 5.0  # seconds a call waits past its server's own timeout for the host's answer
-MOST_OUTPUT = 256 * 1024  # characters of a tool's result kept; the rest is cut, and the cut said
 REQUEST_SERVER_MS = 30_000  # a request's own server's time for each listing and call
 EMPTY_SCHEMA = {"type": "object", "properties": {}}
 
@@ -114,8 +113,6 @@ class McpServers:
         if "error" in answer:
             return ToolResult(error=answer["error"])
         text = answer["text"]
-        if len(text) > MOST_OUTPUT:
-            text = text[:MOST_OUTPUT] + f"\n[cut: the result had {len(text)} characters, {MOST_OUTPUT} are kept]"
         if answer["is_error"]:
             return ToolResult(error=text or "the tool failed", by_tool=True)
         return ToolResult(text)

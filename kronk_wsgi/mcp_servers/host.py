@@ -27,14 +27,20 @@ from mcp.shared.exceptions import MCPError
 CONFIG_VARIABLE = "KRONK_MCP_HOST_SERVERS"  # the validated servers, as JSON: {name: spec}
 CONNECT_SECONDS = 10.0  # a server's start, handshake and listing, at most (llama-server's warm-up bound)
 LINE_LIMIT = 64 * 1024 * 1024  # the longest request line taken
+MOST_OUTPUT = 256 * 1024  # characters of a tool's result kept (cut here, before the worker reads it), the cut said
 
 
 def _text(result: Any) -> str:
-    """A tool result's text: its text parts on lines of their own, else its structured content as JSON."""
+    """A tool result's text: its text parts on lines of their own, else its structured content as JSON; at most
+    MOST_OUTPUT characters of it."""
     parts = [block.text for block in result.content if getattr(block, "type", None) == "text"]
     if not parts and getattr(result, "structured_content", None) is not None:
-        return json.dumps(result.structured_content)
-    return "\n".join(parts)
+        text = json.dumps(result.structured_content)
+    else:
+        text = "\n".join(parts)
+    if len(text) > MOST_OUTPUT:
+        return text[:MOST_OUTPUT] + f"\n[cut: the result had {len(text)} characters, {MOST_OUTPUT} are kept]"
+    return text
 
 
 class Server:

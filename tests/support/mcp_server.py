@@ -1,5 +1,5 @@
 """An MCP server made with the mcp package's own MCPServer, for the tests: ``python -m tests.support.mcp_server
-[stdio | http PORT]``. Its tools: echo, add, fail (a tool error), slow (sleeps), and pid (its process)."""
+[stdio | http PORT]``. Its tools: echo, add, fail (a tool error), slow (sleeps), big (a long text) and pid (its process)."""
 
 import asyncio
 import os
@@ -34,6 +34,12 @@ async def slow(seconds: float) -> str:
     """Sleeps, then says so."""
     await asyncio.sleep(seconds)
     return f"slept {seconds}"
+
+
+@server.tool()
+def big(size: int) -> str:
+    """A text of ``size`` characters."""
+    return "x" * size
 
 
 @server.tool()

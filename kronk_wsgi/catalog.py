@@ -39,6 +39,27 @@ def model_file(spec: ModelSpec, progress: Progress = lambda done, total: None) -
     return path
 
 
+def projector_file(spec: ModelSpec, progress: Progress = lambda done, total: None) -> Optional[Path]:
+    """The model's multimodal projector file: as configured, or its repository's own (from the hub cache, else
+    downloaded first); None if it has none."""
+    if not spec.takes_projector:
+        return None
+    if spec.repo_id is None:
+        path = Path(spec.mmproj).expanduser()
+        if not path.is_file():
+            raise EngineError(f"mmproj file not found: {path}")
+        return path
+    from . import hub
+
+    cached = None if spec.revision else hub.cached_projector(spec.repo_id, spec.mmproj)
+    if cached is not None:
+        return cached
+    try:
+        return hub.pull_projector(spec.repo_id, spec.mmproj, spec.revision, progress=progress)
+    except hub.HubError as exc:
+        raise EngineError(str(exc)) from None
+
+
 def local_file(spec: ModelSpec) -> Optional[Path]:
     """The model's file if it is on this machine already (nothing is downloaded or generated); None if not."""
     if spec.repo_id is not None:
@@ -53,6 +74,8 @@ def local_file(spec: ModelSpec) -> Optional[Path]:
 
 def check_engine_options(spec: ModelSpec) -> None:
     """ValueError unless the model's engine (or, for "auto", some engine) takes its engine_options."""
+    if "mmproj" in spec.engine_options:  # the engine's option, set from the model's own setting
+        raise ValueError("engine_options: give a projector as the model's mmproj setting")
     kinds = ENGINES.automatic if spec.engine == "auto" else (ENGINES.get(spec.engine),)
     problems = []
     for kind in kinds:
@@ -67,8 +90,10 @@ def check_engine_options(spec: ModelSpec) -> None:
 def load_engine(model_id: str, spec: ModelSpec, progress: Progress = lambda done, total: None) -> Engine:
     """Load a configured model (blocking; call it from a worker thread); ``progress`` hears of its download."""
     path = model_file(spec, progress)
+    projector = projector_file(spec, progress)
+    options = spec.engine_options if projector is None else {**spec.engine_options, "mmproj": str(projector)}
     try:
-        kind = ENGINES.choose(path, spec.engine, spec.engine_options)
-        return kind.load(model_id, path, spec.context_length, spec.engine_options)
+        kind = ENGINES.choose(path, spec.engine, options)
+        return kind.load(model_id, path, spec.context_length, options)
     except ValueError as exc:  # a bad file (BadModelFile), a bad template, options the engine does not take
         raise EngineError(str(exc)) from None

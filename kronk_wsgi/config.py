@@ -106,6 +106,10 @@ class ModelSpec(BaseModel):
     demo: Optional[str] = None  # or a generated demo model of this size ("tiny", "medium")
     context_length: Optional[int] = Field(None, ge=16)  # default: the file's own
     chat_template: Optional[str] = None  # a built-in name or Jinja text; default: the file's
+    # A llama.cpp model's multimodal projector (llama-server's --mmproj): images (and sounds) in its prompts. A
+    # GGUF file's path; with repo_id, a file of that repository, whose own mmproj file is taken (pulled with the
+    # model) if none is named; "none": no projector.
+    mmproj: Optional[str] = None
     # Texts that end every reply of this model as its end-of-turn token does (Ollama's Modelfile `stop`): what
     # ends a base model's turn, or a chat format's marker the file lacks. Added to each request's own stops.
     stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, max_length=16)
@@ -150,7 +154,16 @@ class ModelSpec(BaseModel):
             raise ValueError("give filename or quant, not both")
         if self.runner == "process" and self.engine == "grpc":
             raise ValueError('runner "process" runs a local engine: a model on gRPC workers has none')
+        if self.mmproj not in (None, "none") and (self.engine in ("ctransformers", "grpc") or self.runner == "process"):
+            raise ValueError("mmproj is read by the llama.cpp engine running inline (runner \"inline\"): images do not "
+                             "reach a ctransformers model, gRPC workers or a runner process yet")
         return self
+
+    @property
+    def takes_projector(self) -> bool:
+        """Whether the model loads a multimodal projector: one it names, or its repository's own."""
+        return (self.mmproj != "none" and self.engine not in ("ctransformers", "grpc") and self.runner == "inline"
+                and (self.mmproj is not None or self.repo_id is not None))
 
 
 class McpServerSpec(BaseModel):

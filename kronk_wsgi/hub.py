@@ -3,7 +3,8 @@
 huggingface-hub does the hub's work: the download protocol, HF_TOKEN,
 HF_ENDPOINT, HF_HUB_OFFLINE, the cache layout, progress bars, and resuming
 a download its connection dropped. What kronk_wsgi adds: a file named by its
-quantization, and a SHA-256 check of every pulled file against the hub's
+quantization, a repository's multimodal projector (its mmproj file) beside its
+model, and a SHA-256 check of every pulled file against the hub's
 (the cache names a large file's blob by its SHA-256; a file that does not
 match is removed).
 """
@@ -104,13 +105,15 @@ def matches_quant(filename: str, quant: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9])", Path(filename).stem, re.IGNORECASE) is not None
 
 
-def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optional[str] = None) -> str:
-    """The GGUF file of ``repo_id`` that ``file_or_quant`` names: a file name, a quantization, or none if only one.
+def is_projector(filename: str) -> bool:
+    """Whether a GGUF file of a repository is a multimodal projector (llama.cpp's conversions name them mmproj-...)."""
+    return "mmproj" in Path(filename).name.lower()
 
-    Offline, or when the hub cannot be reached, the files of the repository that are in the cache are looked at.
-    """
+
+def _gguf_names(repo_id: str, revision: Optional[str]) -> list[str]:
+    """The GGUF files of ``repo_id``: the hub's listing; offline, or when the hub cannot be reached, those of the
+    repository in the cache."""
     check_revision(revision)
-    check_filename(file_or_quant)
     cached = sorted({f.filename for f in cached_files() if f.repo_id == repo_id})
     if offline():
         names = cached
@@ -124,9 +127,17 @@ def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optiona
             if not any(n.endswith(".gguf") for n in cached):
                 raise HubError(f"cannot list the files of {repo_id}: {exc}") from None
             names = cached  # a hub that cannot be reached does not keep a cached model from serving
-    ggufs = [n for n in names if n.endswith(".gguf")]
+    return [n for n in names if n.endswith(".gguf")]
+
+
+def resolve(repo_id: str, file_or_quant: Optional[str] = None, revision: Optional[str] = None) -> str:
+    """The GGUF model file of ``repo_id`` that ``file_or_quant`` names: a file name, a quantization, or none if the
+    repository has only one model file (its projectors are not models)."""
+    check_filename(file_or_quant)
+    names = _gguf_names(repo_id, revision)
+    ggufs = [n for n in names if not is_projector(n)]
     if file_or_quant and file_or_quant.endswith(".gguf"):  # a file name: it must be there
-        chosen, what = [n for n in ggufs if n == file_or_quant], f"file {file_or_quant!r}"
+        chosen, what = [n for n in names if n == file_or_quant], f"file {file_or_quant!r}"
     elif file_or_quant:
         chosen, what = [n for n in ggufs if matches_quant(n, file_or_quant)], f"quantization {file_or_quant!r}"
     else:
@@ -156,6 +167,19 @@ def pull(
         raise HubError(f"cannot get {filename} from {repo_id}: {exc}") from None
     verify(path)
     return path
+
+
+def pull_projector(repo_id: str, filename: Optional[str] = None, revision: Optional[str] = None,
+                   progress: Optional[Callable[[int, Optional[int]], None]] = None) -> Optional[Path]:
+    """Download the repository's multimodal projector (``filename``, or its only mmproj file; of several, the
+    16-bit one) as ``pull`` does; None if it has none and none is named."""
+    if filename is None:
+        projectors = sorted(n for n in _gguf_names(repo_id, revision) if is_projector(n))
+        if not projectors:
+            return None
+        wide = [n for n in projectors if re.search(r"(?i)f16|bf16", n)]
+        filename = (wide or projectors)[0]
+    return pull(repo_id, filename, revision, progress)
 
 
 def verify(path: Path) -> None:
@@ -221,9 +245,18 @@ def cached_path(repo_id: str, file_or_quant: Optional[str] = None) -> Optional[P
     """The cached GGUF file of ``repo_id`` that ``file_or_quant`` names (newest revision), without asking the hub."""
     files = [f for f in cached_files() if f.repo_id == repo_id]
     for file in files:
-        if file_or_quant is None or file.filename == file_or_quant or matches_quant(file.filename, file_or_quant):
+        if file.filename == file_or_quant or not is_projector(file.filename) and (
+                file_or_quant is None or matches_quant(file.filename, file_or_quant)):
             return file.path
     return None
+
+
+def cached_projector(repo_id: str, filename: Optional[str] = None) -> Optional[Path]:
+    """The cached projector of ``repo_id`` (``filename``, or its 16-bit one, or any), without asking the hub."""
+    projectors = sorted((f for f in cached_files() if f.repo_id == repo_id and is_projector(f.filename)),
+                        key=lambda f: (f.filename != filename, not re.search(r"(?i)f16|bf16", f.filename), f.filename))
+    found = projectors[0] if projectors else None
+    return found.path if found is not None and (filename is None or found.filename == filename) else None
 
 
 def remove(repo_id: str, filename: Optional[str] = None) -> list[CachedFile]:

@@ -4,12 +4,20 @@ An ``Engine`` is one loaded model file. It has the model's tokenizer and
 hands out ``Slot``s; a slot is an independent inference instance with its own
 KV cache, fed token ids only. Each slot is used by one OS thread at a time:
 the serving core guarantees it.
+
+An engine with a multimodal projector also turns an image (or a sound) into
+tokens of a prompt (``Engine.media``): the projector's own text tokens around
+a run of placeholders, negative ids that no vocabulary has, derived from the
+image's hash (``media_ids``). A prompt holding them is compared, cached and
+restored as any other; a slot meeting a run evaluates the image whole
+(``Slot.decode_media``).
 Each backend (ctransformers, llama.cpp) implements these two classes;
 nothing above the engine layer changes.
 """
 
 import abc
 import dataclasses
+import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -45,6 +53,31 @@ class EngineError(Exception):
 
 class EngineBusy(EngineError):
     """The engine (a worker elsewhere, a runner) stayed busy past its own admission wait: the request was not run."""
+
+
+class MediaError(ValueError):
+    """An image or sound the model cannot take: it reads text only, or the data does not decode."""
+
+
+def media_ids(key: bytes, count: int) -> list[int]:
+    """The placeholders of a run of ``count`` media tokens of the image hashed ``key``: negative 31-bit ids, each
+    from the hash and its place, so that two images share no run of them (a prompt cache never takes one
+    image's state for another's)."""
+    ids = []
+    for index in range(count):
+        digest = hashlib.blake2b(index.to_bytes(4, "little"), key=key[:64], digest_size=4).digest()
+        ids.append(-1 - (int.from_bytes(digest, "little") & 0x7FFFFFFE))
+    return ids
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Media:
+    """One image (or sound) as a prompt holds it: its ``tokens`` (the projector's text tokens and its runs of
+    placeholders) and what its engine keeps to evaluate them, as long as this is held."""
+
+    tokens: tuple[int, ...]
+    kind: str  # "image" or "audio"
+    held: Any = None
 
 
 class Cancelled(Exception):
@@ -159,17 +192,21 @@ class Slot(abc.ABC):
         ``cancelled`` between two C calls, saving its prefix at the save points ``reuse`` chose."""
         start, saves = len(self.cached), self._saves
         while start < len(tokens):
-            if saves and start == saves[0]:
-                saves.pop(0)
-                self.keep_state(waited_for=True)
+            if saves and start >= saves[0]:  # a point inside an image is passed by
+                if saves.pop(0) == start:
+                    self.keep_state(waited_for=True)
                 continue
             if cancelled():
                 raise Cancelled()
+            if tokens[start] < 0:
+                start += self.decode_media(tokens, start)
+                continue
             end = start + (chunk or self.prefill_chunk)  # asked each time: it may depend on what else runs
             if saves:
                 end = min(end, saves[0])
-            self.decode(tokens[start:end])
-            start = end
+            media = next((i for i in range(start, min(end, len(tokens))) if tokens[i] < 0), None)
+            self.decode(tokens[start:end if media is None else media])
+            start = end if media is None else media
 
     def _restore(self, tokens: Sequence[int], keep: int, branch: int) -> tuple[int, int]:
         """Before a prompt overwrites what the slot holds, save that (if it is worth it and not saved yet); then
@@ -255,6 +292,11 @@ class Slot(abc.ABC):
         reused prefix."""
         del self.cached[length:]
 
+    def decode_media(self, tokens: Sequence[int], start: int) -> int:
+        """Evaluate the image (or sound) whose placeholders begin at ``start`` of ``tokens``, whole; how many
+        tokens it is. EngineError if the engine does not hold it (see ``Engine.media``)."""
+        raise EngineError(f"{type(self).__name__} cannot read images")
+
     def rank(self, tokens: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> np.ndarray:
         """A reranker's scores of a whole prompt (a query and a document); see Engine.reranker."""
         raise EngineError(f"{type(self).__name__} cannot rank")
@@ -306,11 +348,17 @@ class Engine(abc.ABC):
     embeds = True  # its slots give embeddings (an engine elsewhere that only generates does not)
     reranker = False  # it scores a query and a document: its slots' embedding() is its classification head's output
     rerank_template: Optional[str] = None  # the file's prompt for a query and a document, if it has one
+    modalities: frozenset[str] = frozenset()  # what its prompts may hold besides text: "image", "audio"
     kind: "EngineKind"  # set when its kind loads it
 
     @abc.abstractmethod
     def new_slots(self, count: int, threads: int) -> list[Slot]:
         """``count`` inference instances; each decode call runs on ``threads`` compute threads."""
+
+    def media(self, data: bytes) -> Media:
+        """An image or sound (a file's bytes: PNG, JPEG, ... or WAV, MP3, FLAC) as a prompt holds it; MediaError if
+        this model does not take it or it does not decode. Runs in the model's preparation thread."""
+        raise MediaError("this model reads text only: it has no multimodal projector (mmproj)")
 
     def watch_slots(self, added: Callable[[list[Slot]], None]) -> None:
         """Be told (on the event loop) of the slots the engine makes after ``new_slots``: a remote model's worker that

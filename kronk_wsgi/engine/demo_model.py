@@ -1,8 +1,10 @@
-"""Deterministic GGUF models with random weights: llama architecture, or qwen2 (which ctransformers cannot run).
+"""Deterministic GGUF models with random weights: llama architecture, or qwen2 (which ctransformers cannot run),
+and a vision projector for the llama one.
 
 No hub is reachable offline, so kronk_wsgi makes its own models: the text they
 write is gibberish, but loading, tokenizing, prefill, sampling and detokenizing
-all run for real. ``ensure_demo_model`` caches the file under the user's cache
+all run for real; with the projector, so do an image's decoding, its encoding by
+llama.cpp's multimodal library and its embeddings' prefill. ``ensure_demo_model`` caches the file under the user's cache
 directory; the same size and seed always give the same bytes.
 """
 
@@ -142,6 +144,80 @@ def write_demo_model(path: Path, size: str = "tiny", seed: int = 0, architecture
     output[: 3 + 256] *= 0.05
     output[2] = output[3 + 256]  # </s> as likely as a word: replies end by themselves
     writer.add_tensor("output.weight", output)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectorSize:
+    """Hyperparameters of a LLaVA-style projector: a CLIP vision encoder of ``layers`` blocks over patches of
+    ``patch`` pixels of an ``image`` pixels square, then a two-layer MLP into the language model's width."""
+
+    image: int = 56
+    patch: int = 14
+    width: int = 32
+    layers: int = 2
+    heads: int = 2
+    feed_forward: int = 64
+
+    @property
+    def tokens(self) -> int:
+        """The tokens an image becomes: one per patch."""
+        return (self.image // self.patch) ** 2
+
+
+PROJECTOR = ProjectorSize()
+
+
+def write_demo_projector(path: Path, text_width: int, seed: int = 0, size: ProjectorSize = PROJECTOR) -> Path:
+    """Write a LLaVA-style projector (llama.cpp's ``mlp`` type, as in LLaVA 1.5) with seeded random weights,
+    whose image embeddings are ``text_width`` wide: an mmproj file for a demo model of that width."""
+    rng = np.random.default_rng(seed + 1)
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_name("kronk-demo-projector")
+    writer.add_file_type(0)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", size.image)
+    writer.add_uint32("clip.vision.patch_size", size.patch)
+    writer.add_uint32("clip.vision.embedding_length", size.width)
+    writer.add_uint32("clip.vision.feed_forward_length", size.feed_forward)
+    writer.add_uint32("clip.vision.block_count", size.layers)
+    writer.add_uint32("clip.vision.projection_dim", text_width)
+    writer.add_uint32("clip.vision.attention.head_count", size.heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
+    writer.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
+
+    w, ff = size.width, size.feed_forward
+    writer.add_tensor("v.patch_embd.weight", weight(w, 3, size.patch, size.patch))
+    writer.add_tensor("v.class_embd", weight(w))
+    writer.add_tensor("v.position_embd.weight", weight(size.tokens + 1, w))
+    writer.add_tensor("v.pre_ln.weight", np.ones(w, dtype=np.float32))
+    writer.add_tensor("v.pre_ln.bias", np.zeros(w, dtype=np.float32))
+    for i in range(size.layers):
+        blk = f"v.blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            writer.add_tensor(blk + name + ".weight", weight(w, w))
+            writer.add_tensor(blk + name + ".bias", np.zeros(w, dtype=np.float32))
+        for name in ("ln1", "ln2"):
+            writer.add_tensor(blk + name + ".weight", np.ones(w, dtype=np.float32))
+            writer.add_tensor(blk + name + ".bias", np.zeros(w, dtype=np.float32))
+        writer.add_tensor(blk + "ffn_up.weight", weight(ff, w))
+        writer.add_tensor(blk + "ffn_up.bias", np.zeros(ff, dtype=np.float32))
+        writer.add_tensor(blk + "ffn_down.weight", weight(w, ff))
+        writer.add_tensor(blk + "ffn_down.bias", np.zeros(w, dtype=np.float32))
+    writer.add_tensor("mm.0.weight", weight(text_width, w))
+    writer.add_tensor("mm.0.bias", np.zeros(text_width, dtype=np.float32))
+    writer.add_tensor("mm.2.weight", weight(text_width, text_width) * 4)  # strong enough to steer the reply
+    writer.add_tensor("mm.2.bias", np.zeros(text_width, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -5,7 +5,10 @@ sequences of one llama.cpp context; their decode calls are batched: one thread
 makes every call, each for all the slots waiting (a new prompt's chunk with the
 running streams' next tokens), so N streams cost about one call per step
 instead of N. Tokenizing, sampling and stopping stay kronk_wsgi's: the engine
-takes token ids and gives logits.
+takes token ids and gives logits. With a multimodal projector (``mmproj``),
+llama.cpp's mtmd library decodes images and sounds into its chunks, and
+encodes and decodes each into the context in the decode thread, between two
+decode calls, as llama-server does.
 
 Needs the optional extra ``kronk_wsgi[llamacpp]`` (llama-cpp-python, built
 from source when installed).
@@ -14,7 +17,9 @@ from source when installed).
 import collections
 import ctypes
 import functools
+import hashlib
 import socket
+import weakref
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -22,7 +27,8 @@ import numpy as np
 import pydantic
 from gevent import monkey
 
-from .base import DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, EngineKind, EngineOptions, Fit, Pick, Slot
+from .base import (DEFAULT_CONTEXT_LENGTH, Cancelled, Engine, EngineError, EngineKind, EngineOptions, Fit, Media,
+                   MediaError, Pick, Slot, media_ids)
 from .gguf_file import is_gguf, read_gguf
 from .speculation import DraftCosts
 from .tokenizer import GGUFTokenizer
@@ -31,6 +37,10 @@ try:
     import llama_cpp
 except ImportError:  # the extra is not installed
     llama_cpp = None
+try:
+    from llama_cpp import mtmd_cpp
+except (ImportError, OSError):  # a wheel built without its multimodal library
+    mtmd_cpp = None
 
 # Engine calls run in real OS threads; under gevent's monkey-patching the threading
 # module makes greenlets and greenlet locks, so these are taken from before it.
@@ -46,6 +56,7 @@ CANCEL_POLL_SECONDS = 0.05  # how often a slot waiting for its prompt's call ask
 # How long a call waits for the slots of the last call to come back with their next tokens
 # (they detokenize and check stops in between): long enough for that, short against a decode step.
 GATHER_SECONDS = 0.01
+MEDIA_KEPT = 32  # images kept decoded beyond those a prompt holds, by their hash: a conversation sends them again
 
 
 def available() -> bool:
@@ -70,6 +81,8 @@ def _start_backend() -> None:
         if _log_callback is None:
             _log_callback = llama_cpp.llama_log_callback(_keep_errors)
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p())
+            if mtmd_cpp is not None:  # the multimodal library logs apart
+                mtmd_cpp.mtmd_helper_log_set(_log_callback, ctypes.c_void_p())
             llama_cpp.llama_backend_init()
 
 
@@ -524,6 +537,35 @@ class LlamaCppSlot(Slot):
             raise EngineError("this model gives no scores")
         return self._embedding.copy()
 
+    def decode_media(self, tokens: Sequence[int], start: int) -> int:
+        """The image's chunk encoded by the projector and its embeddings decoded at ``start``, in one action of the
+        decode thread (an image is not cut: a cancel waits for its end)."""
+        chunk = self._engine._chunks.get(tokens[start])
+        if chunk is None:
+            raise EngineError("an image of this prompt is no longer held by its model")
+        engine, seq, count = self._engine, self._seq, chunk.count
+        if start < self._kv_end:
+            llama_cpp.llama_memory_seq_rm(engine._memory, seq, start, -1)
+        self._kv_end = start
+
+        def evaluate() -> int:
+            end = llama_cpp.llama_pos(0)
+            return mtmd_cpp.mtmd_helper_eval_chunk_single(engine._mtmd, engine._ctx, chunk.pointer, start, seq, BATCH,
+                                                          False, ctypes.byref(end))
+
+        try:
+            status = self._alone(evaluate)
+        except EngineError:
+            status = -1
+        if status != 0:
+            llama_cpp.llama_memory_seq_rm(engine._memory, seq, start, -1)
+            del self.cached[start:]
+            raise _failure(f"llama.cpp could not evaluate an image (status {status})")
+        self._kv_end = start + count
+        self.cached[start:] = tokens[start:start + count]
+        self._logits = self._embedding = None
+        return count
+
     def reusable(self, keep: int) -> int:
         window = self._engine._n_swa
         if not window or keep == 0 or keep >= len(self.cached):  # a full cache, or nothing to cut
@@ -589,10 +631,23 @@ class LlamaCppSlot(Slot):
         return self._embedding.copy()
 
 
+class _Chunk:
+    """One image's (or sound's) chunk as the projector made it: what its run of placeholders stands for."""
+
+    def __init__(self, pointer, count: int) -> None:
+        self.pointer, self.count = pointer, count
+
+    def __del__(self) -> None:
+        if mtmd_cpp is not None and self.pointer:
+            mtmd_cpp.mtmd_input_chunk_free(self.pointer)
+            self.pointer = None
+
+
 class LlamaCppOptions(EngineOptions):
     """What a model may set for this engine."""
 
     gpu_layers: int = pydantic.Field(0, ge=-1)  # layers put on a GPU (-1: all)
+    mmproj: Optional[str] = None  # its multimodal projector's GGUF file: images (and sounds) in its prompts
     # llama.cpp's rpc-server processes (HOST:PORT) the model's layers are spread over, for a model bigger than one
     # host; then every layer goes to them unless gpu_layers says how many
     rpc_servers: list[str] = pydantic.Field(default_factory=list)
@@ -640,9 +695,17 @@ class LlamaCppEngine(Engine):
             raise EngineError(f"{path.name}: llama.cpp's vocabulary differs from the file's tokenizer")
         self._n_embd = llama_cpp.llama_model_n_embd(self._model)
         self._n_swa = llama_cpp.llama_model_n_swa(self._model)  # 0: no sliding-window attention
-        stat = path.stat()
-        self._file_identity = f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
+        self._file_identity = _file_identity(path)
         self._ctx = None
+        self._mmproj = Path(options.mmproj).expanduser() if options.mmproj else None
+        self._mtmd = None
+        self._use_gpu = options.gpu_layers != 0
+        # The chunks of the images prompts hold, by their first placeholder; each lives as long as a Media holds it.
+        self._chunks: "weakref.WeakValueDictionary[int, _Chunk]" = weakref.WeakValueDictionary()
+        self._media: collections.OrderedDict = collections.OrderedDict()  # the latest MEDIA_KEPT, by hash
+        self._media_lock = _allocate_lock()
+        if self._mmproj is not None:
+            self._check_projector()
 
     def new_slots(self, count: int, threads: int) -> list[LlamaCppSlot]:
         """``count`` sequences of one context, whose decode calls (each for all its slots) run on ``threads`` threads."""
@@ -668,7 +731,90 @@ class LlamaCppEngine(Engine):
         self._batcher = _Batcher(self._ctx, self._n_vocab, self._n_embd, count)
         self._identity = (f"{self._file_identity} llama-cpp-python {llama_cpp.__version__} n_ctx {self.context_length} "
                           f"type_k {params.type_k} type_v {params.type_v} swa_full {params.swa_full}")
+        if self._mmproj is not None:
+            self._start_projector(threads)
+            self._identity += f" mmproj {_file_identity(self._mmproj)}"  # an image's state is the projector's
         return [LlamaCppSlot(self, seq) for seq in range(count)]
+
+    def _check_projector(self) -> None:
+        """EngineError unless the projector's file is one llama.cpp's mtmd reads, of a kind served here."""
+        if mtmd_cpp is None:
+            raise EngineError("mmproj: this llama-cpp-python was built without its multimodal library (mtmd); "
+                              "reinstall it with CMAKE_ARGS=-DLLAVA_BUILD=ON")
+        if not self._mmproj.is_file():
+            raise EngineError(f"mmproj: file not found: {self._mmproj}")
+
+    def _start_projector(self, threads: int) -> None:
+        params = mtmd_cpp.mtmd_context_params_default()
+        params.use_gpu = self._use_gpu
+        params.print_timings = False
+        params.n_threads = threads
+        params.warmup = False
+        _errors.pop(_get_ident(), None)
+        self._mtmd = mtmd_cpp.mtmd_init_from_file(str(self._mmproj).encode(), self._model, params)
+        if not self._mtmd:
+            raise _failure(f"llama.cpp could not load the projector {self._mmproj.name}")
+        if mtmd_cpp.mtmd_decode_use_mrope(self._mtmd):
+            raise EngineError(f"mmproj {self._mmproj.name}: its model places image tokens in 2D (M-RoPE, the Qwen-VL "
+                              "families), which this server does not serve yet")
+        supports = {"image": mtmd_cpp.mtmd_support_vision(self._mtmd), "audio": mtmd_cpp.mtmd_support_audio(self._mtmd)}
+        self.modalities = frozenset(kind for kind, supported in supports.items() if supported)
+
+    def media(self, data: bytes) -> Media:
+        if self._mtmd is None:
+            return super().media(data)
+        key = hashlib.sha256(data).digest()
+        with self._media_lock:
+            found = self._media.get(key)
+            if found is not None:
+                self._media.move_to_end(key)
+                return found
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        _errors.pop(_get_ident(), None)
+        bitmap = mtmd_cpp.mtmd_helper_bitmap_init_from_buf(self._mtmd, buffer, len(data), False)
+        if not bitmap:
+            raise MediaError("it does not decode as an image or a sound this server reads (PNG, JPEG, GIF, BMP; "
+                             "WAV, MP3, FLAC)")
+        kind = "audio" if mtmd_cpp.mtmd_bitmap_is_audio(bitmap) else "image"
+        chunks = mtmd_cpp.mtmd_input_chunks_init()
+        try:
+            if kind not in self.modalities:
+                raise MediaError(f"this model does not take {'sounds' if kind == 'audio' else 'images'}: its "
+                                 f"projector reads {' and '.join(sorted(self.modalities))} only")
+            part = mtmd_cpp.mtmd_input_part(None, bitmap)
+            parts = (ctypes.POINTER(mtmd_cpp.mtmd_input_part) * 1)(ctypes.pointer(part))
+            status = mtmd_cpp.mtmd_tokenize_from_parts(self._mtmd, chunks, parts, 1, False)
+            if status != 0:
+                raise MediaError(f"llama.cpp could not read it (status {status})")
+            media = self._held(key, kind, chunks)
+        finally:
+            mtmd_cpp.mtmd_input_chunks_free(chunks)
+            mtmd_cpp.mtmd_bitmap_free(bitmap)
+        with self._media_lock:
+            self._media[key] = media
+            while len(self._media) > MEDIA_KEPT:
+                self._media.popitem(last=False)
+        return media
+
+    def _held(self, key: bytes, kind: str, chunks) -> Media:
+        """The Media of a tokenized image: its text chunks' tokens as they are, each media chunk a copy of it under
+        its run of placeholders."""
+        tokens: list[int] = []
+        held = []
+        for index in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd_cpp.mtmd_input_chunks_get(chunks, index)
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                count = ctypes.c_size_t(0)
+                text = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                tokens.extend(text[:count.value])
+                continue
+            count = mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk)
+            ids = media_ids(key + index.to_bytes(2, "little"), count)
+            copy = _Chunk(mtmd_cpp.mtmd_input_chunk_copy(chunk), count)
+            self._chunks[ids[0]] = copy
+            held.append(copy)
+            tokens.extend(ids)
+        return Media(tuple(tokens), kind, tuple(held))
 
     def state_identity(self) -> Optional[str]:
         return getattr(self, "_identity", None)
@@ -684,6 +830,9 @@ class LlamaCppEngine(Engine):
         if getattr(self, "_batcher", None) is not None:
             llama_cpp.llama_batch_free(self._batcher._batch)
             self._batcher = None
+        if getattr(self, "_mtmd", None):
+            mtmd_cpp.mtmd_free(self._mtmd)
+            self._mtmd = None
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
@@ -695,6 +844,11 @@ class LlamaCppEngine(Engine):
             self._model = None
 
     __del__ = close
+
+
+def _file_identity(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
 
 
 def fit(path: Path) -> Fit:

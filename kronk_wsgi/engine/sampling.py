@@ -76,7 +76,8 @@ class Sampler:
         # Each choice of one request draws its own numbers; the first draws what a request of one choice would.
         self._rng = np.random.default_rng(seed if choice == 0 else [seed, choice])
         self._window = params.repetition_window
-        self._recent = list(prompt[-self._window:]) if self._window else []
+        # An image's placeholders (negative ids) are no tokens to penalize.
+        self._recent = [token for token in prompt[-self._window:] if token >= 0] if self._window else []
         self._counts: Counter[int] = Counter()
 
     def sample(self, logits: np.ndarray, allowed: Optional[np.ndarray] = None) -> int:

@@ -182,6 +182,8 @@ class NgramDrafter:
                 if longest == LONGEST:
                     break
         following = tokens[best:best + limit]
+        if min(following, default=0) < 0:  # an image's placeholders (negative ids) are never drafted
+            following = following[:next(i for i, token in enumerate(following) if token < 0)]
         if longest < MIN_MATCH or len(following) < max(least, 1):
             return []
         self._long = int(longest >= LONG_MATCH)

@@ -15,7 +15,7 @@ import jsonschema
 import jsonschema.protocols
 
 from ..config import ModelSampling
-from ..engine.base import shared_prefix
+from ..engine.base import Media, MediaError, shared_prefix
 from ..engine.chat_template import ChatTemplate, ChatTemplateError, RenderedPrompt
 from ..engine.generate import DecodeOptions
 from ..engine.grammar import (Grammar, GrammarError, bounded_integers, ebnf_grammar, json_schema_grammar, lark_after,
@@ -28,6 +28,7 @@ from ..serving.jobs import EmbeddingJob, GenerationJob, RerankJob, ReplyReading
 from ..serving.pool import LoadedModel
 from ..serving.reasoning import opens_thinking, reasoning_of
 from .errors import ApiError, PromptTooLong, invalid
+from .media import MARKER, MediaInput, first_param
 
 JSON_OBJECT = {"type": "object"}
 MAX_CHOICES = 16  # choices (prompts times n) in one request
@@ -171,6 +172,8 @@ class GenerationRequest:
     cache_scope: str = ""  # whose cached prefixes the prompt may reuse (Slot.enter); set by the server, not a client
     slot: Optional[SlotChoice] = None  # None: the best free one
     drafting: Drafting = Drafting()
+    # The images and sounds the messages hold, by the key their markers carry (see api/media.py)
+    media: Mapping[str, MediaInput] = dataclasses.field(default_factory=dict)
 
     @property
     def calls_tools(self) -> bool:
@@ -250,7 +253,11 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         after_prompt = reading.reasoning.close + "\n\n" + reading.reply_start
         reading = dataclasses.replace(reading, inside_thinking=False)
     context = _context(model, request)
-    token_lists = [_prompt_tokens(model, context, text, after_prompt, request) for text in texts]
+    if request.media and not model.engine.modalities:
+        raise invalid(f"model {model.id!r} reads text only: it has no multimodal projector (mmproj)",
+                      param=first_param(request.media))
+    held: list[Media] = []
+    token_lists = [_prompt_tokens(model, context, text, after_prompt, request, held) for text in texts]
     room = context - max(map(len, token_lists))
     asked = request.max_tokens if request.max_tokens is not None else model.max_tokens
     limit = room if asked is None else min(asked, room)  # clamped, as llama-server does
@@ -274,7 +281,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         raise invalid(f"{param}: {why}", param=param)
     save_at = _save_points(model, request, texts[0], token_lists[0]) if model.prompt_cache is not None else ()
     return GenerationJob(token_lists, request.n, tokenizer, decode, reading, save_at, request.cache_scope,
-                         _slot(model, request.slot))
+                         _slot(model, request.slot), tuple(held))
 
 
 def _slot(model: LoadedModel, choice: Optional[SlotChoice]) -> Optional[int]:
@@ -344,7 +351,7 @@ def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict
     except ChatTemplateError:
         return None
     text = os.path.commonprefix([rendered.text, prompt.text])
-    return shared_prefix(model.engine.tokenizer.prompt(text, True, prompt.inert), tokens)
+    return shared_prefix(_media_prompt(model, text, prompt.inert, request.media)[0], tokens)
 
 
 def _check_budget(tokens: int, budget: int, param: str, floor: bool = False) -> None:
@@ -581,9 +588,35 @@ def _context(model: LoadedModel, request: GenerationRequest) -> int:
     return window.tokens
 
 
+def _media_prompt(model: LoadedModel, text: str, inert: Optional[str],
+                  media: Mapping[str, MediaInput]) -> tuple[list[int], list[Media]]:
+    """A whole prompt's tokens (as ``Tokenizer.prompt`` makes them) with each medium's tokens where its marker
+    stands, and the media held; runs in the model's preparation thread. An image decodes here."""
+    tokenizer = model.engine.tokenizer
+    pieces = MARKER.split(text) if media else [text]
+    tokens, held = [], []
+    for index, piece in enumerate(pieces):
+        if index % 2 == 0:
+            tokens += tokenizer.encode(piece, True, inert) if piece else []
+            continue
+        given = media[piece]
+        try:
+            found = model.engine.media(given.data)
+        except MediaError as exc:
+            raise invalid(f"{given.param}: {exc}", param=given.param) from None
+        held.append(found)
+        tokens += found.tokens
+    if tokenizer.add_bos and tokens[:1] != [tokenizer.bos_id]:
+        tokens.insert(0, tokenizer.bos_id)
+    if tokenizer.add_eos and tokens[-1:] != [tokenizer.eos_id]:
+        tokens.append(tokenizer.eos_id)
+    return tokens, held
+
+
 def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,
-                   request: GenerationRequest) -> list[int]:
-    """One prompt's tokens, ``after_prompt`` text included; 400 if it leaves no room for a token of the reply."""
+                   request: GenerationRequest, held: list[Media]) -> list[int]:
+    """One prompt's tokens, ``after_prompt`` text included (its media's added to ``held``); 400 if it leaves no
+    room for a token of the reply."""
     param = request.prompt_param
     if isinstance(prompt, list):
         tokens = known_ids(model.engine.tokenizer.vocab_size, prompt, param, indexed=False)
@@ -594,7 +627,11 @@ def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, Rende
         if fewest > context:  # too long to fit, whatever its tokens: not worth seconds of tokenizing
             raise PromptTooLong(fewest, context - 1, f"the context is {context} tokens; the prompt has at least "
                                 f"{fewest} tokens", param)
-        tokens = model.tokenize(full, inert=rendered.inert)
+        if request.media:
+            tokens, found = offload.call(model.prep, _media_prompt, model, full, rendered.inert, request.media)
+            held.extend(found)
+        else:
+            tokens = model.tokenize(full, inert=rendered.inert)
     if len(tokens) >= context:
         raise PromptTooLong(len(tokens), context - 1, f"the context is {context} tokens; the prompt has "
                             f"{len(tokens)} tokens", param)

@@ -1,7 +1,7 @@
 """Request bodies, validated strictly: wrong types and unknown fields are 400s, never guesses."""
 
 import json
-from typing import Annotated, Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine.sampling import SamplingParams
 from ..serving.formats import custom_arguments
 from .errors import invalid
+from .media import MediaInput, data_url, decode_base64, inputs, joined
 from .planning import (
     JSON_OBJECT, MAX_CHOICES, MAX_PATTERN_LENGTH, Ending, GenerationRequest, ReplyFormat, ToolUse,
 )
@@ -53,6 +54,75 @@ class TextPart(Strict):
     type: Literal["text"]
     text: str
     prompt_cache_breakpoint: Optional[PromptCacheBreakpoint] = None
+
+
+class ImageUrl(Strict):
+    url: str  # a base64 data URL, or base64 alone (as llama-server takes it)
+    detail: Optional[Literal["auto", "low", "high"]] = None  # the projector reads an image at its own resolution
+
+
+class MediaPart(Strict):
+    """A content part that carries an image or a sound: ``data`` is its file's bytes, read from the part."""
+
+    _data: bytes = pydantic.PrivateAttr(b"")
+
+    @property
+    def data(self) -> bytes:
+        return self._data
+
+
+class ImagePart(MediaPart):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+    @pydantic.model_validator(mode="after")
+    def _read(self) -> "ImagePart":
+        url = self.image_url.url
+        self._data = data_url(url) if url.startswith("data:") or "://" in url else decode_base64(url)
+        return self
+
+
+class InputAudio(Strict):
+    data: str  # base64
+    format: Literal["wav", "mp3"]  # the file's bytes tell their format: this names it
+
+
+class AudioPart(MediaPart):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+    @pydantic.model_validator(mode="after")
+    def _read(self) -> "AudioPart":
+        self._data = decode_base64(self.input_audio.data)
+        return self
+
+
+class FileData(Strict):
+    file_data: Optional[str] = None
+    file_id: Optional[str] = None
+    filename: Optional[str] = None
+
+
+class FilePart(Strict):
+    """Refused: a file (a PDF) is read by no model here; its text, or its pages as images, can be."""
+
+    type: Literal["file"]
+    file: FileData
+
+    @pydantic.model_validator(mode="after")
+    def _refuse(self) -> "FilePart":
+        raise ValueError("file parts cannot be read here: send the file's text, or its pages as images")
+
+
+UserPart = Annotated[Union[TextPart, ImagePart, AudioPart, FilePart], Field(discriminator="type")]
+
+
+def message_text(parts: Sequence[Union[TextPart, MediaPart]]) -> str:
+    """A message's content parts as one text for its template: the texts run together, or with an image or sound
+    among them, joined as llama-server joins them around its markers (see api/media.py)."""
+    if not any(isinstance(part, MediaPart) for part in parts):
+        return "".join(part.text for part in parts)
+    return joined([part.data if isinstance(part, MediaPart) else part.text for part in parts])
 
 
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -171,7 +241,7 @@ class ChatCustomToolCall(Strict):
 class ChatMessage(Strict):
     # "function": a legacy function's result, as "tool" is a tool's
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[UserPart], None] = None
     name: Optional[str] = None
     tool_calls: Optional[list[Annotated[Union[ChatToolCall, ChatCustomToolCall], Field(discriminator="type")]]] = None
     tool_call_id: Optional[str] = None
@@ -202,12 +272,18 @@ class ChatMessage(Strict):
             raise ValueError("only assistant messages carry a refusal")
         if self.reasoning_content is not None and self.role != "assistant":
             raise ValueError("only assistant messages carry reasoning_content")
+        if self.role != "user" and self.media():
+            raise ValueError("only user messages carry images and sounds")
         return self
+
+    def media(self) -> list[tuple[int, MediaPart]]:
+        """The content parts that carry an image or a sound, with their places."""
+        return [(i, part) for i, part in enumerate(self.content or ()) if isinstance(part, MediaPart)]
 
     def text(self) -> str:
         if self.content is None:
             return self.refusal or ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return self.content if isinstance(self.content, str) else message_text(self.content)
 
     def for_template(self) -> dict:
         """The message as chat templates take it; a legacy function call and its result are a tool call and its
@@ -469,7 +545,9 @@ class ChatCompletionRequest(SamplingFields):
             cache_key=self.prompt_cache_key,
             cache_breaks=tuple(index + 1 for index, message in enumerate(self.messages)
                                if isinstance(message.content, list)
-                               and any(part.prompt_cache_breakpoint for part in message.content)),
+                               and any(getattr(part, "prompt_cache_breakpoint", None) for part in message.content)),
+            media=inputs(MediaInput(part.data, f"messages[{i}].content[{j}]")
+                         for i, message in enumerate(self.messages) for j, part in message.media()),
         )
 
     def _thinking(self) -> Optional[bool]:

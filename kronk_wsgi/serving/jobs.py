@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..engine.base import Slot
+from ..engine.base import Media, Slot
 from ..engine.generate import DecodeOptions, Generation
 from ..engine.speculation import Drafting
 from ..engine.tokenizer import Tokenizer
@@ -119,8 +119,9 @@ class GenerationJob:
 
     def __init__(self, prompts: list[list[int]], n: int, tokenizer: Tokenizer, decode: DecodeOptions,
                  reading: ReplyReading = ReplyReading(), save_at: tuple[int, ...] = (), scope: str = "",
-                 slot: Optional[int] = None) -> None:
+                 slot: Optional[int] = None, media: tuple[Media, ...] = ()) -> None:
         self.prompts = prompts
+        self.media = media  # the images its prompts hold: their engine keeps what evaluates them while they are held
         self.scope = scope
         self.slot = slot
         self.save_at = save_at  # the first prompt's lengths at which its prefix is saved (Slot.prefill)

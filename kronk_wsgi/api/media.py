@@ -42,8 +42,11 @@ def marker(data: bytes) -> str:
 
 
 def joined(parts: Sequence[Union[str, bytes]]) -> str:
-    """A message's content as chat templates take it when it holds media (bytes): its texts joined by newlines,
-    each medium's marker in its place with no newline beside it, as llama-server joins them."""
+    """A message's content parts (texts, and media as their bytes) as one text for its template: the texts run
+    together; with a medium among them, joined by newlines, each medium's marker in its place with no newline
+    beside it, as llama-server joins them."""
+    if not any(isinstance(part, bytes) for part in parts):
+        return "".join(parts)
     text, after_media = "", False
     for part in parts:
         if isinstance(part, bytes):

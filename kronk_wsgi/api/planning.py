@@ -253,9 +253,7 @@ def _plan(model: LoadedModel, request: GenerationRequest) -> GenerationJob:
         after_prompt = reading.reasoning.close + "\n\n" + reading.reply_start
         reading = dataclasses.replace(reading, inside_thinking=False)
     context = _context(model, request)
-    if request.media and not model.engine.modalities:
-        raise invalid(f"model {model.id!r} reads text only: it has no multimodal projector (mmproj)",
-                      param=first_param(request.media))
+    _check_media(model, request.media)
     held: list[Media] = []
     token_lists = [_prompt_tokens(model, context, text, after_prompt, request, held) for text in texts]
     room = context - max(map(len, token_lists))
@@ -611,6 +609,19 @@ def _media_prompt(model: LoadedModel, text: str, inert: Optional[str],
     if tokenizer.add_eos and tokens[-1:] != [tokenizer.eos_id]:
         tokens.append(tokenizer.eos_id)
     return tokens, held
+
+
+def _check_media(model: LoadedModel, media: Mapping[str, MediaInput]) -> None:
+    """400 for media given to a model that reads text only."""
+    if media and not model.engine.modalities:
+        raise invalid(f"model {model.id!r} reads text only: it has no multimodal projector (mmproj)",
+                      param=first_param(media))
+
+
+def tokenize_prompt(model: LoadedModel, prompt: RenderedPrompt, media: Mapping[str, MediaInput]) -> list[int]:
+    """A rendered prompt's tokens, its media's in their places (400 for one the model does not take)."""
+    _check_media(model, media)
+    return offload.call(model.prep, _media_prompt, model, prompt.text, prompt.inert, media)[0]
 
 
 def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,

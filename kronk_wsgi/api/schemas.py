@@ -118,10 +118,7 @@ UserPart = Annotated[Union[TextPart, ImagePart, AudioPart, FilePart], Field(disc
 
 
 def message_text(parts: Sequence[Union[TextPart, MediaPart]]) -> str:
-    """A message's content parts as one text for its template: the texts run together, or with an image or sound
-    among them, joined as llama-server joins them around its markers (see api/media.py)."""
-    if not any(isinstance(part, MediaPart) for part in parts):
-        return "".join(part.text for part in parts)
+    """A message's content parts as one text for its template (see media.joined)."""
     return joined([part.data if isinstance(part, MediaPart) else part.text for part in parts])
 
 

@@ -17,7 +17,7 @@ import dataclasses
 from typing import Optional
 
 from ....serving.pool import LoadedModel
-from ...planning import render_chat
+from ...planning import render_chat, tokenize_prompt
 from ...schemas import template_variables
 from .schemas import ContextEdit, CountTokensRequest
 
@@ -40,7 +40,7 @@ def prompt_tokens(model: LoadedModel, body: CountTokensRequest, messages: list[d
     prompt = render_chat(model, messages, body.template_tools(), body.thinking_switch(),
                          continue_final=messages[-1]["role"] == "assistant",
                          variables=template_variables(body.effort()))
-    return len(model.tokenize(prompt.text, inert=prompt.inert))
+    return len(tokenize_prompt(model, prompt, body.media()))
 
 
 def edit_context(model: LoadedModel, body: CountTokensRequest) -> EditedContext:

@@ -11,7 +11,9 @@ from pydantic import Discriminator, Field, Tag
 from ....engine.sampling import SamplingParams
 from ...compaction import summary_message
 from ...planning import GenerationRequest, ReplyFormat, ToolUse
-from ...schemas import FunctionName, Strict, left_out, template_tool, template_tool_call, template_variables
+from ...media import MediaInput, data_url, decode_base64, inputs, joined
+from ...schemas import (FunctionName, MediaPart, Strict, left_out, template_tool, template_tool_call,
+                        template_variables)
 
 
 class CacheControl(Strict):
@@ -37,17 +39,59 @@ class ToolUseBlock(Strict):
     cache_control: Optional[CacheControl] = None
 
 
+class ImageBase64Source(Strict):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class ImageUrlSource(Strict):
+    type: Literal["url"]
+    url: str
+
+    @pydantic.model_validator(mode="after")
+    def _refuse(self) -> "ImageUrlSource":
+        data_url(self.url)  # a data URL is read; any other is a 400: this server fetches nothing
+        return self
+
+
+class FileSource(Strict):
+    type: Literal["file"]
+    file_id: str
+
+    @pydantic.model_validator(mode="after")
+    def _refuse(self) -> "FileSource":
+        raise ValueError("there is no Files API here: send the image itself (source type base64)")
+
+
+class ImageBlock(MediaPart):
+    type: Literal["image"]
+    source: Annotated[Union[ImageBase64Source, ImageUrlSource, FileSource], Field(discriminator="type")]
+    cache_control: Optional[CacheControl] = None
+
+    @pydantic.model_validator(mode="after")
+    def _read(self) -> "ImageBlock":
+        source = self.source
+        self._data = decode_base64(source.data) if isinstance(source, ImageBase64Source) else data_url(source.url)
+        return self
+
+
 class ToolAnswer(Strict):
-    """A tool's answer to a call: its text, or its error."""
+    """A tool's answer to a call: its text (with its images), or its error."""
 
     tool_use_id: str
-    content: Union[str, list[TextBlock]] = ""
+    content: Union[str, list[Annotated[Union[TextBlock, ImageBlock], Field(discriminator="type")]]] = ""
     is_error: bool = False
     cache_control: Optional[CacheControl] = None
 
     def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        text = self.content if isinstance(self.content, str) else joined(
+            [b.data if isinstance(b, ImageBlock) else b.text for b in self.content])
         return f"Error: {text}" if self.is_error else text
+
+    def media(self) -> list[tuple[int, ImageBlock]]:
+        return [(i, b) for i, b in enumerate(self.content) if isinstance(b, ImageBlock)] \
+            if isinstance(self.content, list) else []
 
 
 class ToolResultBlock(ToolAnswer):
@@ -147,7 +191,7 @@ class DocumentBlock(Strict):
 
 
 Block = Annotated[
-    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock, DocumentBlock,
+    Union[TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock, DocumentBlock,
           McpToolUseBlock, McpToolResultBlock, CompactionBlock],
     Field(discriminator="type"),
 ]
@@ -164,12 +208,12 @@ class Message(Strict):
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
         out: list[dict] = []
-        text: list[str] = []
+        text: list[Union[str, bytes]] = []  # texts, and images as their bytes
         calls: list[dict] = []
 
         def flush() -> None:
             if text or calls:
-                message: dict[str, Any] = {"role": self.role, "content": "".join(text)}
+                message: dict[str, Any] = {"role": self.role, "content": joined(text)}
                 if calls:
                     message["tool_calls"] = list(calls)
                 out.append(message)
@@ -179,6 +223,8 @@ class Message(Strict):
         for block in self.content:
             if isinstance(block, TextBlock):
                 text.append(block.text)
+            elif isinstance(block, ImageBlock):
+                text.append(block.data)
             elif isinstance(block, DocumentBlock):
                 text.append(block.text())
             elif isinstance(block, (ToolUseBlock, McpToolUseBlock)):
@@ -194,6 +240,17 @@ class Message(Strict):
         flush()
         return out
 
+    def media(self, index: int) -> list[MediaInput]:
+        """The images of the message (the ``index``-th), those of its tool results included."""
+        found = []
+        for place, block in enumerate(self.content if isinstance(self.content, list) else ()):
+            where = f"messages[{index}].content[{place}]"
+            if isinstance(block, ImageBlock):
+                found.append(MediaInput(block.data, where))
+            elif isinstance(block, ToolAnswer):
+                found += [MediaInput(image.data, f"{where}.content[{inner}]") for inner, image in block.media()]
+        return found
+
     def compacts(self) -> bool:
         """Whether the message has a summary of the conversation before it."""
         return isinstance(self.content, list) and any(isinstance(b, CompactionBlock) and b.content is not None
@@ -208,6 +265,8 @@ class Message(Strict):
                 raise ValueError(f"{block.type} blocks belong in assistant messages")
             if isinstance(block, ToolResultBlock) and self.role != "user":
                 raise ValueError("tool_result blocks belong in user messages")
+            if isinstance(block, ImageBlock) and self.role != "user":
+                raise ValueError("image blocks belong in user messages")
             if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)) and self.role != "assistant":
                 raise ValueError("thinking blocks belong in assistant messages")
             if isinstance(block, DocumentBlock):
@@ -463,6 +522,10 @@ class CountTokensRequest(Strict):
             ends.append(len(messages))
         return messages, ends
 
+    def media(self) -> dict[str, MediaInput]:
+        """The images the messages hold (see GenerationRequest.media)."""
+        return inputs(given for index, message in enumerate(self.messages) for given in message.media(index))
+
     def thinking_turns(self) -> int:
         """The assistant messages with thinking blocks."""
         return sum(1 for m in self.messages if m.role == "assistant" and isinstance(m.content, list)
@@ -541,6 +604,7 @@ class MessagesRequest(CountTokensRequest):
             sampling_defaulted=left_out(self, {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}),
             stop=tuple(self.stop_sequences or ()), max_tokens=self.max_tokens, not_offered=self.not_offered(),
             cache_breaks=self.cache_breaks(ends, int(messages[0]["role"] == "system")),
+            media=self.media(),
         )
 
     def cache_breaks(self, ends: list[int], head: int) -> tuple[int, ...]:

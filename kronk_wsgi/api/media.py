@@ -1,9 +1,11 @@
 """Images and sounds in requests: read from the body (data URLs, base64), checked, and marked where they stand.
 
 Each protocol reads its parts into ``MediaInput``s and writes ``marker(data)``
-where each stands in a message's text, as llama-server does. The markers are
-this process's own (a random nonce), so no client text can forge one; planning
-finds them in the rendered prompt and puts each image's tokens in its place.
+where each stands in a message's text, as llama-server does. Planning finds the
+markers in the rendered prompt and puts each image's tokens in its place; a
+marker of an image the request does not hold is text like any other (a client
+that writes one gets nothing it did not send). A stored conversation keeps its
+messages' images beside them (``stored``), so a later turn holds them too.
 """
 
 import base64
@@ -11,7 +13,6 @@ import binascii
 import dataclasses
 import hashlib
 import re
-import secrets
 from typing import Iterable, Optional, Sequence, Union
 
 from .errors import invalid
@@ -19,8 +20,7 @@ from .errors import invalid
 MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or sound, decoded (OpenAI's limit for an image)
 MAX_MEDIA = 32  # images and sounds in one request
 
-_NONCE = secrets.token_hex(8)
-MARKER = re.compile(rf"<__media_{_NONCE}_([0-9a-f]{{32}})__>")
+MARKER = re.compile(r"<__media_([0-9a-f]{32})__>")
 DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,(?P<data>.*)", re.DOTALL)
 
 
@@ -38,7 +38,7 @@ def key(data: bytes) -> str:
 
 def marker(data: bytes) -> str:
     """What stands for ``data`` in a message's text until its tokens take its place."""
-    return f"<__media_{_NONCE}_{key(data)}__>"
+    return f"<__media_{key(data)}__>"
 
 
 def joined(parts: Sequence[Union[str, bytes]]) -> str:
@@ -58,6 +58,18 @@ def joined(parts: Sequence[Union[str, bytes]]) -> str:
         text += part
         after_media = False
     return text
+
+
+def stored(message: dict, parts: Sequence[Union[str, bytes]]) -> dict:
+    """A template message that keeps the media among its ``parts`` (base64, by key) for the conversation store."""
+    media = {key(part): base64.b64encode(part).decode() for part in parts if isinstance(part, bytes)}
+    return {**message, "media": media} if media else message
+
+
+def from_store(messages: Iterable[dict], param: str) -> list[MediaInput]:
+    """The media stored template messages keep, as given by ``param`` (previous_response_id)."""
+    return [MediaInput(base64.b64decode(data), param) for message in messages
+            for data in message.get("media", {}).values()]
 
 
 def decode_base64(text: str) -> bytes:
@@ -89,14 +101,14 @@ def data_url(url: str, kinds: tuple[str, ...] = ("image",)) -> bytes:
 def inputs(found: Iterable[MediaInput]) -> dict[str, MediaInput]:
     """A request's media by key, each checked against the limits; 400 naming the first that is over one."""
     media: dict[str, MediaInput] = {}
-    for index, given in enumerate(found):
+    for given in found:
         if len(given.data) > MAX_MEDIA_BYTES:
             raise invalid(f"{given.param}: the file is {len(given.data)} bytes; one may be at most "
                           f"{MAX_MEDIA_BYTES}", param=given.param)
-        if index >= MAX_MEDIA:
+        media.setdefault(key(given.data), given)
+        if len(media) > MAX_MEDIA:
             raise invalid(f"{given.param}: one request may hold at most {MAX_MEDIA} images and sounds",
                           param=given.param)
-        media.setdefault(key(given.data), given)
     return media
 
 

@@ -446,6 +446,7 @@ def render_chat(
     try:
         # In the model's preparation thread: a long conversation or template loop must not stall the event loop.
         tools = list(tools) if tools else None
+        messages = [{k: v for k, v in m.items() if k != "media"} if "media" in m else m for m in messages]
         return offload.call(model.prep, model.template.render, messages, tools, thinking, continue_final,
                             tool_text(model.template, tools), variables, generation_prompt)
     except ChatTemplateError as exc:
@@ -597,7 +598,10 @@ def _media_prompt(model: LoadedModel, text: str, inert: Optional[str],
         if index % 2 == 0:
             tokens += tokenizer.encode(piece, True, inert) if piece else []
             continue
-        given = media[piece]
+        given = media.get(piece)
+        if given is None:  # a marker of no image of this request: text
+            tokens += tokenizer.encode(f"<__media_{piece}__>", True, inert)
+            continue
         try:
             found = model.engine.media(given.data)
         except MediaError as exc:

@@ -1,7 +1,7 @@
 """The Responses API's request body: input items, tools, tool choice, text format, and the GenerationRequest
 it asks for."""
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Sequence, Union
 
 import pydantic
 from pydantic import Discriminator, Field, Tag
@@ -9,9 +9,10 @@ from pydantic import Discriminator, Field, Tag
 from ....engine.sampling import SamplingParams
 from ....serving.formats import custom_arguments
 from ...compaction import KEPT_ROLES, summary_message
+from ...media import MediaInput, data_url, from_store, inputs, joined, stored
 from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse
 from ...schemas import (
-    CustomToolSpec, FunctionName, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
+    CustomToolSpec, FunctionName, MediaPart, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
     ServiceTier, Strict, User, json_object, left_out, refuse_given, template_role, template_tool,
     template_tool_call, template_variables,
 )
@@ -21,6 +22,43 @@ class InputText(Strict):
     type: Literal["input_text"]
     text: str
     prompt_cache_breakpoint: Optional[PromptCacheBreakpoint] = None
+
+
+class InputImage(MediaPart):
+    type: Literal["input_image"]
+    image_url: Optional[str] = None  # a base64 data URL
+    file_id: Optional[str] = None
+    detail: Optional[Literal["low", "high", "auto", "original"]] = None  # the projector reads it at its own size
+
+    @pydantic.model_validator(mode="after")
+    def _read(self) -> "InputImage":
+        if self.file_id is not None:
+            raise ValueError("there is no Files API here: send the image itself, as image_url (a base64 data URL)")
+        if self.image_url is None:
+            raise ValueError("input_image needs image_url")
+        self._data = data_url(self.image_url)
+        return self
+
+
+class InputFile(Strict):
+    """Refused: a file (a PDF) is read by no model here; its text, or its pages as images, can be."""
+
+    type: Literal["input_file"]
+    file_data: Optional[str] = None
+    file_id: Optional[str] = None
+    file_url: Optional[str] = None
+    filename: Optional[str] = None
+
+    @pydantic.model_validator(mode="after")
+    def _refuse(self) -> "InputFile":
+        raise ValueError("input_file cannot be read here: send the file's text, or its pages as images")
+
+
+InputPart = Annotated[Union[InputText, InputImage, InputFile], Field(discriminator="type")]
+
+
+def _parts(parts: Sequence[Union[InputText, "OutputText", InputImage]]) -> list[Union[str, bytes]]:
+    return [part.data if isinstance(part, InputImage) else part.text for part in parts]
 
 
 class OutputText(Strict):
@@ -33,21 +71,40 @@ class OutputText(Strict):
 class MessageItem(Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Union[str, list[Annotated[Union[InputText, OutputText], Field(discriminator="type")]]]
+    content: Union[str, list[Annotated[Union[InputText, OutputText, InputImage, InputFile],
+                                       Field(discriminator="type")]]]
     id: Optional[str] = None
     status: Optional[str] = None
     phase: Optional[Literal["commentary", "final_answer"]] = None  # an earlier answer's: it is text all the same
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    @pydantic.model_validator(mode="after")
+    def _images_in_input(self) -> "MessageItem":
+        if self.role == "assistant" and _media(self.content):
+            raise ValueError("an assistant message carries no images")
+        return self
+
+    def template_message(self) -> dict:
+        """The message for the chat template, its images kept beside it for the conversation store."""
+        if isinstance(self.content, str):
+            return {"role": template_role(self.role), "content": self.content}
+        parts = _parts(self.content)
+        return stored({"role": template_role(self.role), "content": joined(parts)}, parts)
 
 
 Caller = Optional[dict[str, Any]]  # who made a call (the model, or a program): the model, here
-ToolOutput = Union[str, list[InputText]]  # a tool's result: text, or text parts (no images or files here)
+ToolOutput = Union[str, list[InputPart]]  # a tool's result: text, or parts (its text and images)
 
 
-def _tool_output_text(output: ToolOutput) -> str:
-    return output if isinstance(output, str) else "".join(part.text for part in output)
+def _media(content: Union[str, list, None]) -> list[tuple[int, MediaPart]]:
+    return [(i, part) for i, part in enumerate(content) if isinstance(part, MediaPart)] \
+        if isinstance(content, list) else []
+
+
+def _tool_output_message(output: ToolOutput, call_id: str) -> dict:
+    if isinstance(output, str):
+        return {"role": "tool", "content": output, "tool_call_id": call_id}
+    parts = _parts(output)
+    return stored({"role": "tool", "content": joined(parts), "tool_call_id": call_id}, parts)
 
 
 class FunctionCallItem(Strict):
@@ -464,7 +521,7 @@ class ConversationBody(Strict):
             if index < last and not (isinstance(item, MessageItem) and template_role(item.role) in KEPT_ROLES):
                 continue
             if isinstance(item, MessageItem):
-                messages.append({"role": template_role(item.role), "content": item.text()})
+                messages.append(item.template_message())
                 if isinstance(item.content, list) and any(getattr(p, "prompt_cache_breakpoint", None)
                                                           for p in item.content):
                     breaks.append(len(messages))
@@ -489,9 +546,18 @@ class ConversationBody(Strict):
                 messages[-1].setdefault("tool_calls", []).append(template_tool_call(item.call_id, item.name,
                                                                                     arguments))
             elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
-                text = _tool_output_text(item.output)
-                messages.append({"role": "tool", "content": text, "tool_call_id": item.call_id})
+                messages.append(_tool_output_message(item.output, item.call_id))
         return messages, breaks
+
+    def media(self, conversation: list[dict]) -> dict[str, MediaInput]:
+        """The images of the input, and those the stored conversation before it keeps (see GenerationRequest)."""
+        given = []
+        for index, item in enumerate(self.input_items()):
+            if isinstance(item, MessageItem):
+                given += [MediaInput(part.data, f"input[{index}].content[{j}]") for j, part in _media(item.content)]
+            elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
+                given += [MediaInput(part.data, f"input[{index}].output[{j}]") for j, part in _media(item.output)]
+        return inputs([*given, *from_store(conversation, "previous_response_id")])
 
 
 class CompactRequest(ConversationBody):
@@ -511,7 +577,8 @@ class CompactRequest(ConversationBody):
     def generation_request(self, conversation: list[dict]) -> GenerationRequest:
         """The conversation, instructions first, as the request a summary is written for (see api/compaction.py)."""
         return GenerationRequest(self.model, prompt_param="input", messages=self.instruction_messages() + conversation,
-                                 sampling_defaulted=frozenset(MODEL_SAMPLING.values()), cache_key=self.prompt_cache_key)
+                                 sampling_defaulted=frozenset(MODEL_SAMPLING.values()), cache_key=self.prompt_cache_key,
+                                 media=self.media(conversation))
 
 
 class ResponsesRequest(ConversationBody):
@@ -596,7 +663,7 @@ class ResponsesRequest(ConversationBody):
             sampling=SamplingParams(temperature=self.temperature, top_p=self.top_p),
             sampling_defaulted=left_out(self, {"temperature": "temperature", "top_p": "top_p"}),
             max_tokens=self.max_output_tokens, max_tokens_param="max_output_tokens", top_logprobs=self._logprobs(),
-            cache_key=self.prompt_cache_key,
+            cache_key=self.prompt_cache_key, media=self.media(conversation),
         )
 
     def functions(self) -> list[FunctionTool]:

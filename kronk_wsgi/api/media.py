@@ -12,6 +12,7 @@ import base64
 import binascii
 import dataclasses
 import hashlib
+import os
 import re
 from typing import Iterable, Optional, Sequence, Union
 
@@ -21,6 +22,9 @@ MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or sound, decoded (OpenAI's limi
 MAX_MEDIA = 32  # images and sounds in one request
 
 MARKER = re.compile(r"<__media_([0-9a-f]{32})__>")
+# Where a file of multimodal_data goes in a llama-server prompt_string (/props says it): llama.cpp's own marker,
+# or the one LLAMA_MEDIA_MARKER names, as llama-server reads it.
+MEDIA_MARKER = os.environ.get("LLAMA_MEDIA_MARKER") or "<__media__>"
 DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^,;]*)*?);base64,(?P<data>.*)", re.DOTALL)
 
 

@@ -349,7 +349,7 @@ def _break_point(model: LoadedModel, head: list[dict], tools: Optional[list[dict
     except ChatTemplateError:
         return None
     text = os.path.commonprefix([rendered.text, prompt.text])
-    return shared_prefix(_media_prompt(model, text, prompt.inert, request.media)[0], tokens)
+    return shared_prefix(media_prompt(model, text, prompt.inert, request.media)[0], tokens)
 
 
 def _check_budget(tokens: int, budget: int, param: str, floor: bool = False) -> None:
@@ -587,8 +587,8 @@ def _context(model: LoadedModel, request: GenerationRequest) -> int:
     return window.tokens
 
 
-def _media_prompt(model: LoadedModel, text: str, inert: Optional[str],
-                  media: Mapping[str, MediaInput]) -> tuple[list[int], list[Media]]:
+def media_prompt(model: LoadedModel, text: str, inert: Optional[str],
+                 media: Mapping[str, MediaInput]) -> tuple[list[int], list[Media]]:
     """A whole prompt's tokens (as ``Tokenizer.prompt`` makes them) with each medium's tokens where its marker
     stands, and the media held; runs in the model's preparation thread. An image decodes here."""
     tokenizer = model.engine.tokenizer
@@ -625,7 +625,7 @@ def _check_media(model: LoadedModel, media: Mapping[str, MediaInput]) -> None:
 def tokenize_prompt(model: LoadedModel, prompt: RenderedPrompt, media: Mapping[str, MediaInput]) -> list[int]:
     """A rendered prompt's tokens, its media's in their places (400 for one the model does not take)."""
     _check_media(model, media)
-    return offload.call(model.prep, _media_prompt, model, prompt.text, prompt.inert, media)[0]
+    return offload.call(model.prep, media_prompt, model, prompt.text, prompt.inert, media)[0]
 
 
 def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, RenderedPrompt], after_prompt: str,
@@ -643,7 +643,7 @@ def _prompt_tokens(model: LoadedModel, context: int, prompt: Union[Prompt, Rende
             raise PromptTooLong(fewest, context - 1, f"the context is {context} tokens; the prompt has at least "
                                 f"{fewest} tokens", param)
         if request.media:
-            tokens, found = offload.call(model.prep, _media_prompt, model, full, rendered.inert, request.media)
+            tokens, found = offload.call(model.prep, media_prompt, model, full, rendered.inert, request.media)
             held.extend(found)
         else:
             tokens = model.tokenize(full, inert=rendered.inert)

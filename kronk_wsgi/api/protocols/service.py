@@ -12,6 +12,7 @@ from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ... import __version__
+from ...catalog import input_modalities
 from ...describe import file_facts
 from ...serving import offload
 from ...serving.reasoning import reasons
@@ -35,6 +36,7 @@ class Listed:
     created: int  # when it was loaded, 0 if it is not
     context: Optional[int]  # the context it is (or will be) served with; None if its file is not here yet
     thinks: bool  # its chat template has thinking
+    modalities: tuple[str, ...] = ("text",)  # what its prompts may hold (catalog.input_modalities)
 
     @property
     def max_input_tokens(self) -> Optional[int]:
@@ -50,18 +52,21 @@ def _listed(model_id: str) -> Listed:
     kronk = state()
     loaded = kronk.pool.loaded_model(model_id)
     if loaded is not None:
-        return Listed(model_id, loaded.created, loaded.engine.context_length, reasons(loaded.template.source))
+        return Listed(model_id, loaded.created, loaded.engine.context_length, reasons(loaded.template.source),
+                      tuple(input_modalities(None, loaded.engine)))
     spec = kronk.models.get(model_id)
+    modalities = tuple(offload.call(gevent.get_hub().threadpool, input_modalities, spec, None))
     found = offload.call(gevent.get_hub().threadpool, file_facts, spec) if spec is not None else None
     if found is None:
-        return Listed(model_id, 0, spec.context_length if spec is not None else None, False)
+        return Listed(model_id, 0, spec.context_length if spec is not None else None, False, modalities)
     facts = found[1]
     return Listed(model_id, 0, spec.context_length or facts.context_length,
-                  reasons(facts.template_source(spec.chat_template)))
+                  reasons(facts.template_source(spec.chat_template)), modalities)
 
 
 def _openai_card(listed: Listed) -> dict:
-    card = {"id": listed.model_id, "object": "model", "owned_by": "kronk_wsgi", "created": listed.created}
+    card = {"id": listed.model_id, "object": "model", "owned_by": "kronk_wsgi", "created": listed.created,
+            "architecture": {"input_modalities": list(listed.modalities), "output_modalities": ["text"]}}
     if listed.context:
         card.update(context_length=listed.context, max_input_tokens=listed.max_input_tokens,
                     max_tokens=listed.max_tokens)
@@ -78,7 +83,8 @@ def _anthropic_info(listed: Listed) -> dict:
         "max_input_tokens": listed.max_input_tokens, "max_tokens": listed.max_tokens, "lifecycle": "active",
         "deprecated_at": None, "retires_at": None, "line": None,
         "capabilities": {
-            "batch": no, "citations": no, "code_execution": no, "image_input": no, "pdf_input": no,
+            "batch": no, "citations": no, "code_execution": no,
+            "image_input": yes if "image" in listed.modalities else no, "pdf_input": no,
             "structured_outputs": yes,
             "context_management": {"supported": True, "clear_tool_uses_20250919": yes,
                                    "clear_thinking_20251015": yes, "compact_20260112": yes},

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Optional
 import gevent
 from flask import jsonify, request
 
+from ....catalog import input_modalities
 from ....config import ModelSpec
 from ....serving import offload
 from ....serving.pool import ModelPool
@@ -52,7 +53,9 @@ def _card(model_id: str) -> dict:
     loaded = kronk.pool.loaded_model(model_id)
     return {"id": model_id, "object": "model", "owned_by": "kronk_wsgi", "created": loaded.created if loaded else 0,
             "aliases": [model_id], "tags": [], "path": _shown_path(spec) if spec is not None else model_id,
-            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "architecture": {"input_modalities": offload.call(gevent.get_hub().threadpool, input_modalities, spec,
+                                                              loaded.engine if loaded else None),
+                             "output_modalities": ["text"]},
             "status": status(kronk.pool, model_id)}
 
 

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from ....config import ModelSampling
 from ....engine.sampling import SamplingParams
+from ...media import MEDIA_MARKER, MediaInput, decode_base64, inputs, marker
 from ...ranking import Documents
 from ...schemas import ChatMessage, ChatTool, Strict
 
@@ -164,6 +165,8 @@ class CompletionBody(Sampling):
     speculative_n_min: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(None, alias="speculative.n_min")
     speculative_p_min: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(None, alias="speculative.p_min")
 
+    _media: list[MediaInput] = pydantic.PrivateAttr(default_factory=list)
+
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionBody":
         if self.grammar is not None and self.json_schema is not None:
@@ -173,12 +176,34 @@ class CompletionBody(Sampling):
 
     def prompts(self) -> list[tuple[str, Mixed]]:
         """Each prompt, with where it is in the body: one, unless ``prompt`` is a list of prompts (of texts alone,
-        or holding lists or objects)."""
+        or holding lists or objects). A multimodal prompt's text holds its media's markers (see api/media.py)."""
+        self._media = []
         if isinstance(self.prompt, str):
             return [("prompt", self.prompt)]
         if isinstance(self.prompt, dict) or _one_prompt(self.prompt):
-            return [("prompt", _prompt(self.prompt, "prompt"))]
-        return [(f"prompt[{index}]", _prompt(item, f"prompt[{index}]")) for index, item in enumerate(self.prompt)]
+            return [("prompt", self._prompt(self.prompt, "prompt"))]
+        return [(f"prompt[{i}]", self._prompt(item, f"prompt[{i}]")) for i, item in enumerate(self.prompt)]
+
+    def media(self) -> dict[str, MediaInput]:
+        """The media of the multimodal prompts (objects with multimodal_data)."""
+        return inputs(self._media)
+
+    def _prompt(self, item: Any, where: str) -> Mixed:
+        """One prompt of a list of prompts; a ValueError naming it if it is none. A multimodal prompt is the text
+        of its prompt_string with each MEDIA_MARKER the marker of its multimodal_data's file in turn."""
+        if isinstance(item, dict) and item.get("multimodal_data"):
+            text, files = item.get("prompt_string"), item["multimodal_data"]
+            if not isinstance(text, str) or not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+                raise ValueError(f"{where}: a multimodal prompt is a prompt_string and multimodal_data, a list of "
+                                 "base64 files")
+            pieces = text.split(MEDIA_MARKER)
+            if len(pieces) != len(files) + 1:
+                raise ValueError(f"{where}: prompt_string has {len(pieces) - 1} media markers ({MEDIA_MARKER}, "
+                                 f"see /props) for {len(files)} files of multimodal_data")
+            data = [decode_base64(f) for f in files]
+            self._media += [MediaInput(d, f"{where}.multimodal_data[{k}]") for k, d in enumerate(data)]
+            return "".join(piece + (marker(data[k]) if k < len(data) else "") for k, piece in enumerate(pieces))
+        return _prompt(item, where)
 
     @property
     def limit(self) -> Optional[int]:
@@ -194,10 +219,8 @@ def _one_prompt(items: list[Any]) -> bool:
 
 
 def _prompt(item: Any, where: str) -> Mixed:
-    """One prompt of a list of prompts; a ValueError naming it if it is none."""
+    """One prompt of a list of prompts, not multimodal; a ValueError naming it if it is none."""
     if isinstance(item, dict):
-        if item.get("multimodal_data"):
-            raise ValueError(f"{where}: multimodal_data: this server's models take text only")
         item = item.get("prompt_string")
     if isinstance(item, str) or (isinstance(item, list) and item and _one_prompt(item)):
         for token in item if isinstance(item, list) else ():

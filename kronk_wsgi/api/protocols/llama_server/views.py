@@ -12,7 +12,8 @@ from ....serving import offload
 from ....serving.pool import LoadedModel
 from ...body import parse_body
 from ...errors import ApiError, invalid
-from ...planning import Drafting, Ending, GenerationRequest, SlotChoice, known_ids, render_chat
+from ...media import MEDIA_MARKER
+from ...planning import Drafting, Ending, GenerationRequest, SlotChoice, known_ids, media_prompt, render_chat
 from ...ranking import document_text, rank
 from ...response import respond
 from ...schemas import grammar_fields, template_tool, template_variables
@@ -123,21 +124,26 @@ def generation_settings(body: CompletionBody, model_id: str, context: int,
 
 
 def _complete(body: CompletionBody, build) -> Any:
-    """Generate for ``build(tokenizer, context)``'s prompts: streamed or whole, one object per prompt and completion."""
+    """Generate for ``build(model)``'s prompts: streamed or whole, one object per prompt and completion. A
+    multimodal prompt goes as its text, with its media."""
     model_id = _model(body.model)
     with use_model(model_id) as model:
         tokenizer, context = model.engine.tokenizer, model.engine.context_length
         body = body.with_model_defaults(model.sampling)
+        media = body.media()
 
         def prepare() -> tuple[list[list[int]], tuple[tuple[int, float], ...], list[str]]:
-            built = build(tokenizer, context)
-            return built, _bias(tokenizer, body.logit_bias), [tokenizer.decode(p).decode("utf-8", "replace")
-                                                              for p in built]
+            built = build(model, media)
+            return built, _bias(tokenizer, body.logit_bias), [
+                tokenizer.decode([t for t in p if t >= 0]).decode("utf-8", "replace") for p in built]
 
         prompts, bias, texts = offload.call(model.prep, prepare)
         window = context if body.repeat_last_n == -1 else body.repeat_last_n
+        given = [text if isinstance(text, str) else tokens
+                 for (_, text), tokens in zip(body.prompts(), prompts)] if media else prompts
         generation = GenerationRequest(
-            model_id, prompt_param="prompt", prompts=prompts, n=body.n_cmpl, sampling=body.sampling(bias, window),
+            model_id, prompt_param="prompt", prompts=given, media=media, n=body.n_cmpl,
+            sampling=body.sampling(bias, window),
             stop=tuple(body.stop), max_tokens=body.limit, max_tokens_param="n_predict",
             top_logprobs=body.n_probs or None, token_ids=True, ending=Ending(ignore_eos=body.ignore_eos),
             reply_format=grammar_fields(body.grammar, body.json_schema),
@@ -160,15 +166,17 @@ def _complete(body: CompletionBody, build) -> Any:
 def completion():
     """Continue each prompt (llama-server's native completion)."""
     body = parse_body(CompletionBody, json_type=False)
-    return _complete(body, lambda tokenizer, context: [mixed_tokens(tokenizer, p, where, True)
-                                                          for where, p in body.prompts()])
+    return _complete(body, lambda model, media: [
+        media_prompt(model, p, None, media)[0] if media and isinstance(p, str)
+        else mixed_tokens(model.engine.tokenizer, p, where, True) for where, p in body.prompts()])
 
 
 @bp.post("/infill")
 def infill():
     """Code for the gap between ``input_prefix`` and ``input_suffix``, in the model's fill-in-the-middle tokens."""
     body = parse_body(InfillBody, json_type=False)
-    return _complete(body, lambda tokenizer, context: [infill_tokens(tokenizer, body, context)])
+    return _complete(body, lambda model, media: [infill_tokens(model.engine.tokenizer, body,
+                                                               model.engine.context_length)])
 
 
 @bp.post("/tokenize")
@@ -253,7 +261,8 @@ def props():
             "default_generation_settings": _slot_settings(model), "total_slots": kronk.settings.parallel,
             "model_alias": model_id, "model_path": os.path.basename(str(model.path)),
             "chat_template": model.template.source, "chat_template_caps": {},
-            "modalities": {"vision": False, "audio": False}, "build_info": f"kronk_wsgi {__version__}",
+            "modalities": {"vision": "image" in model.engine.modalities, "audio": "audio" in model.engine.modalities},
+            "media_marker": MEDIA_MARKER, "build_info": f"kronk_wsgi {__version__}",
             "is_sleeping": False, "samplers": list(SAMPLER_ORDER),
         })
 

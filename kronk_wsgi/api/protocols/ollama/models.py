@@ -13,7 +13,7 @@ import gevent
 from flask import Response, jsonify
 
 from .... import __version__, hub
-from ....catalog import local_file
+from ....catalog import input_modalities, local_file
 from ....config import ModelSampling, ModelSpec, cache_dir
 from ....describe import ModelFacts, file_facts, model_facts
 from ....engine.chat_template import fill_in_middle
@@ -221,11 +221,12 @@ def show():
     if context:
         info[f"{facts.architecture}.context_length"] = context  # the context served here
     template = facts.template_source(spec.chat_template)
+    modalities = offload.call(gevent.get_hub().threadpool, input_modalities, spec, loaded.engine if loaded else None)
     return jsonify({
         "modelfile": f"# Served by kronk-wsgi {__version__}\nFROM {path.name}\n",
         "parameters": _parameters(loaded.sampling if loaded else spec.sampling.over_file(facts.sampling)[0], spec.stop),
         "template": template, "details": _details(facts), "model_info": info,
-        "capabilities": _capabilities(facts, template), "modified_at": timestamp(path.stat().st_mtime),
+        "capabilities": _capabilities(facts, template, modalities), "modified_at": timestamp(path.stat().st_mtime),
     })
 
 
@@ -237,10 +238,12 @@ def _parameters(sampling: ModelSampling, stop: list[str]) -> str:
     return "\n".join(lines + [f"{'stop':<15}{json.dumps(text)}" for text in stop])
 
 
-def _capabilities(facts: ModelFacts, template: str) -> list[str]:
+def _capabilities(facts: ModelFacts, template: str, modalities: list[str]) -> list[str]:
     """What the model does here: every model completes, embeds and takes tools (written into its prompt where
-    its template has none); thinking where its template has thinking tags; insert where its vocabulary can."""
+    its template has none); thinking where its template has thinking tags; insert where its vocabulary can;
+    vision and audio where its projector reads them."""
     found = ["completion", "tools", "embedding"]
+    found += [{"image": "vision", "audio": "audio"}[kind] for kind in modalities if kind != "text"]
     if reasons(template):
         found.append("thinking")
     if fill_in_middle(facts.control, "", "") is not None:

@@ -7,6 +7,7 @@ import pydantic
 from ....engine.sampling import SamplingParams
 from ...errors import invalid
 from ...ranking import Documents
+from ...media import decode_base64, joined
 from ...schemas import FunctionDefinition, Strict, template_tool_call
 
 Duration = Union[int, float, str]
@@ -94,8 +95,20 @@ class Message(Strict):
     tool_name: Optional[str] = None
     tool_call_id: Optional[str] = None
 
+    _images: list[bytes] = pydantic.PrivateAttr(default_factory=list)  # decoded
+
+    @pydantic.model_validator(mode="after")
+    def _read_images(self) -> "Message":
+        self._images = [decode_base64(image) for image in self.images or ()]
+        return self
+
+    def image_data(self) -> list[bytes]:
+        """The message's images, decoded."""
+        return self._images
+
     def for_template(self, index: int) -> dict:
-        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        """The message for the chat template; its images before its text, as Ollama puts them."""
+        message: dict[str, Any] = {"role": self.role, "content": joined([*self.image_data(), self.content])}
         if self.tool_calls:
             message["tool_calls"] = [template_tool_call(c.id or f"call_{index}_{n}", c.function.name,
                                                         c.function.arguments) for n, c in enumerate(self.tool_calls)]
@@ -141,7 +154,7 @@ class GenerateBody(Generating):
     template: Optional[str] = None
     context: Optional[list[int]] = None
     raw: bool = False
-    images: Optional[list[str]] = None
+    images: Optional[list[str]] = None  # base64, before the prompt's text
     # Image generation, which this server does not do.
     width: Optional[int] = None
     height: Optional[int] = None

@@ -11,6 +11,7 @@ from ....engine.sampling import WHOLE_CONTEXT, SamplingParams
 from ....serving.reasoning import reasons
 from ...body import parse_body
 from ...errors import ApiError, invalid
+from ...media import MediaInput, decode_base64, inputs, joined
 from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse, Window
 from ...ranking import document_text, rank
 from ...response import respond, run_to_end
@@ -114,17 +115,23 @@ def generation_request(body: Generating, model_id: str, **prompt: Any) -> Genera
     )
 
 
-def _no_images(images: Optional[list[str]], param: str) -> None:
-    if images:
-        raise invalid("this server has no vision: its models read text only", param=param)
+def _images(images: Optional[list[str]], param: str) -> list[MediaInput]:
+    """Ollama's base64 images as given by ``param`` (a prompt's); 400 naming the first that is not base64."""
+    found = []
+    for index, image in enumerate(images or ()):
+        try:
+            found.append(MediaInput(decode_base64(image), f"{param}[{index}]"))
+        except ValueError as exc:
+            raise invalid(f"{param}[{index}]: {exc}", param=f"{param}[{index}]") from None
+    return found
 
 
 @bp.post("/api/chat")
 def chat():
     """The next message of a conversation, streamed as NDJSON unless ``stream`` is false."""
     body = parse_body(ChatBody, json_type=False)
-    for index, message in enumerate(body.messages):
-        _no_images(message.images, f"messages[{index}].images")
+    media = inputs(MediaInput(data, f"messages[{index}].images[{place}]") for index, message in enumerate(body.messages)
+                   for place, data in enumerate(message.image_data()))
     model_id = model_id_of(body.model)
     keep_alive = requested_keep_alive(body.keep_alive)
     if not body.messages:
@@ -136,7 +143,7 @@ def chat():
                         strict=frozenset(t.function.name for t in body.tools if t.function.strict))
     request = generation_request(
         body, model_id, prompt_param="messages", messages=[m.for_template(i) for i, m in enumerate(body.messages)],
-        tools=tools, thinking=thinking(body, _template_of(model_id), body.model),
+        tools=tools, thinking=thinking(body, _template_of(model_id), body.model), media=media,
     )
     return _answer(request, body, keep_alive, chat=True)
 
@@ -145,7 +152,10 @@ def chat():
 def generate():
     """A completion of ``prompt`` (in the chat template unless ``raw``; between it and ``suffix`` if given)."""
     body = parse_body(GenerateBody, json_type=False)
-    _no_images(body.images, "images")
+    media = inputs(_images(body.images, "images"))
+    if media and body.suffix is not None:
+        raise invalid("images go with a prompt, not with suffix (fill-in-the-middle)", param="images")
+    prompt = joined([*(given.data for given in media.values()), body.prompt])  # images before the text, as Ollama
     for field in ("width", "height", "steps"):
         if getattr(body, field) is not None:
             raise invalid("this server does not generate images", param=field)
@@ -168,12 +178,12 @@ def generate():
     elif body.raw:
         if body.system:
             raise invalid("system is not used with raw prompts: write it into the prompt", param="system")
-        request = generation_request(body, model_id, prompt_param="prompt", prompts=[body.prompt])
+        request = generation_request(body, model_id, prompt_param="prompt", prompts=[prompt], media=media)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
-            {"role": "user", "content": body.prompt}]
+            {"role": "user", "content": prompt}]
         request = generation_request(body, model_id, prompt_param="prompt", messages=messages,
-                                     thinking=thinking(body, _template_of(model_id), body.model))
+                                     thinking=thinking(body, _template_of(model_id), body.model), media=media)
     return _answer(request, body, keep_alive, chat=False)
 
 

@@ -93,9 +93,19 @@ def _pull_in_child(repo_id: str, quant: Optional[str]) -> Optional[str]:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from .engine.demo_model import write_demo_model
+    from pathlib import Path
 
-    print(write_demo_model(args.path, args.size, args.seed, args.architecture))
+    from .engine.demo_model import write_demo_model, write_demo_vision
+
+    if not args.vision:
+        print(write_demo_model(args.path, args.size, args.seed, args.architecture))
+        return 0
+    if args.architecture != "llama":
+        print("kronk-wsgi: a vision demo model is of the llama architecture", file=sys.stderr)
+        return 2
+    model, projector = write_demo_vision(Path(args.path), args.size, args.seed)
+    print(f"{model}\n{projector}\nserve it: KRONK_MODELS='{{\"vision\": {{\"path\": \"{model}\", "
+          f"\"mmproj\": \"{projector}\"}}}}' kronk-wsgi serve")
     return 0
 
 
@@ -254,6 +264,8 @@ def main(argv=None) -> int:
     make.add_argument("--size", choices=["tiny", "medium"], default="tiny")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--architecture", choices=["llama", "qwen2"], default="llama")
+    make.add_argument("--vision", action="store_true",
+                      help="PATH is a folder: write a model and its projector (mmproj), which takes images")
     make.set_defaults(run=_make_model)
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, passed = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])

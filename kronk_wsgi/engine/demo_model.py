@@ -225,6 +225,14 @@ def write_demo_projector(path: Path, text_width: int, seed: int = 0, size: Proje
     return path
 
 
+def write_demo_vision(directory: Path, size: str = "tiny", seed: int = 0) -> tuple[Path, Path]:
+    """Write a demo model and its projector into ``directory`` (made if missing): a llama model that takes
+    images. Their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model = write_demo_model(directory / f"kronk-demo-vision-{size}.gguf", size, seed)
+    return model, write_demo_projector(directory / f"mmproj-kronk-demo-vision-{size}.gguf", SIZES[size].width, seed)
+
+
 def demo_model_path(size: str = "tiny", seed: int = 0) -> Path:
     """Where the demo model of this size is kept."""
     return cache_dir() / f"kronk-demo-{size}-s{seed}.gguf"

@@ -24,7 +24,7 @@ from kronk_wsgi.engine.generate import DecodeOptions, Generation
 from kronk_wsgi.engine.prompt_cache import PromptCache
 from kronk_wsgi.engine.sampling import SamplingParams
 from kronk_wsgi.testing import run_llama_server
-from kronk_wsgi.testing.images import png
+from kronk_wsgi.testing.media_files import png, wav
 
 from .conftest import run_server
 
@@ -210,6 +210,8 @@ def test_where_clients_look_the_model_takes_images(server):
     ("/v1/chat/completions", {"model": "vision", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": data_url(png(8, 8, noise_seed=i))}} for i in range(33)]}]},
      "messages[0].content[32]"),
+    ("/v1/chat/completions", {"model": "vision", "messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": b64(wav()), "format": "wav"}}]}]}, "messages[0].content[0]"),
     ("/v1/responses", {"model": "vision", "input": [{"role": "user", "content": [
         {"type": "input_image", "file_id": "file-1"}]}]}, "input[0].content[0]"),
     ("/api/chat", {"model": "vision", "messages": [{"role": "user", "content": "hi", "images": ["@@@"]}]},

@@ -769,6 +769,8 @@ class LlamaCppEngine(Engine):
             if found is not None:
                 self._media.move_to_end(key)
                 return found
+        if _sounds_like_audio(data) and "audio" not in self.modalities:
+            raise MediaError("this model does not take sounds: its projector reads images only")
         buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         _errors.pop(_get_ident(), None)
         bitmap = mtmd_cpp.mtmd_helper_bitmap_init_from_buf(self._mtmd, buffer, len(data), False)
@@ -844,6 +846,12 @@ class LlamaCppEngine(Engine):
             self._model = None
 
     __del__ = close
+
+
+def _sounds_like_audio(data: bytes) -> bool:
+    """Whether a file's first bytes are those of a sound mtmd reads (WAV, MP3, FLAC)."""
+    return (data[:4] == b"RIFF" and data[8:12] == b"WAVE") or data[:3] == b"ID3" or data[:4] == b"fLaC" \
+        or data[:2] in (b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")
 
 
 def _file_identity(path: Path) -> str:

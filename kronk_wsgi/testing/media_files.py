@@ -1,7 +1,9 @@
-"""Small images made without an imaging library: PNG files of one colour or a seeded noise, for requests that
-carry images."""
+"""Small media files made without an imaging or sound library, for requests that carry them: PNG images of one
+colour or a seeded noise, and WAV sounds."""
 
+import io
 import struct
+import wave
 import zlib
 
 import numpy as np
@@ -20,3 +22,15 @@ def png(width: int, height: int, colour: tuple[int, int, int] = (200, 40, 40), n
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, RGB
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def wav(seconds: float = 0.5, rate: int = 16000) -> bytes:
+    """A mono 16-bit WAV file of a tone."""
+    samples = (np.sin(np.arange(int(seconds * rate)) / 10) * 8000).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as writer:
+        writer.setnchannels(1)
+        writer.setsampwidth(2)
+        writer.setframerate(rate)
+        writer.writeframes(samples.tobytes())
+    return out.getvalue()

@@ -136,7 +136,8 @@ def _pull(args: argparse.Namespace) -> int:
                   "looking in the hub's cache", file=sys.stderr, flush=True)
             hub.go_offline()
     try:
-        print(hub.pull(args.repo, args.file_or_quant, args.revision))
+        for path in filter(None, hub.pull_with_projector(args.repo, args.file_or_quant, args.revision)):
+            print(path)
     except hub.HubError as exc:
         print(f"kronk-wsgi: {exc}", file=sys.stderr)
         return 1

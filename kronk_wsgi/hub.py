@@ -169,6 +169,14 @@ def pull(
     return path
 
 
+def pull_with_projector(repo_id: str, file_or_quant: Optional[str] = None, revision: Optional[str] = None,
+                        progress: Optional[Callable[[int, Optional[int]], None]] = None) -> tuple[Path, Optional[Path]]:
+    """``pull`` a model file, then its repository's projector if it has one (as llama-server and Ollama fetch it
+    with the model): both paths."""
+    model = pull(repo_id, file_or_quant, revision, progress)
+    return model, None if is_projector(model.name) else pull_projector(repo_id, None, revision, progress)
+
+
 def pull_projector(repo_id: str, filename: Optional[str] = None, revision: Optional[str] = None,
                    progress: Optional[Callable[[int, Optional[int]], None]] = None) -> Optional[Path]:
     """Download the repository's multimodal projector (``filename``, or its only mmproj file; of several, the

@@ -27,6 +27,7 @@ from kronk_wsgi.testing import run_llama_server
 from kronk_wsgi.testing.media_files import png, wav
 
 from .conftest import run_server
+from .support.hub import FakeHub
 
 if not llamacpp_engine.available() or llamacpp_engine.mtmd_cpp is None:
     if os.environ.get("KRONK_TEST_REQUIRE_LLAMACPP") == "1":
@@ -61,7 +62,8 @@ def vision(tmp_path_factory):
 def engine(vision):
     """The pair on the engine, one slot; its prompt cache in RAM."""
     model, projector = vision
-    loaded = llamacpp_engine.LlamaCppEngine("vision", model, 512, llamacpp_engine.LlamaCppOptions(mmproj=str(projector)))
+    options = llamacpp_engine.LlamaCppOptions(mmproj=str(projector))
+    loaded = llamacpp_engine.LlamaCppEngine("vision", model, 512, options)
     slot, = loaded.new_slots(1, 1)
     slot.state_cache = PromptCache(loaded.state_identity(), 64 * 1024 * 1024, None, 0)
     yield loaded, slot
@@ -127,7 +129,8 @@ def theirs(vision):
 def test_the_same_tokens_as_llama_server_for_the_same_image(server, theirs, image):
     body = {"prompt": {"prompt_string": "hello the <__media__> model server", "multimodal_data": [b64(image)]},
             "n_predict": 12, "temperature": 0, "return_tokens": True, "cache_prompt": False}
-    mine, reference = (requests.post(url + "/completion", json=body, timeout=120).json() for url in (server.url, theirs))
+    mine, reference = (requests.post(url + "/completion", json=body, timeout=120).json()
+                       for url in (server.url, theirs))
     assert mine["tokens_evaluated"] == reference["tokens_evaluated"] > PROJECTOR.tokens
     assert mine["tokens"] == reference["tokens"] and len(mine["tokens"]) == 12
 
@@ -242,3 +245,29 @@ def test_an_image_that_does_not_fit_the_context(vision, tmp_path):
         reply = requests.post(small.url + "/v1/chat/completions", timeout=60, json={"model": "small", "messages": [
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(NOISE)}}]}]})
         assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded", reply.text
+
+
+def test_a_hub_repository_s_projector_comes_with_its_model(vision, tmp_path):
+    model, projector = vision
+    repo = "someone/tiny-vision-GGUF"
+    with FakeHub() as fake:
+        fake.add_file(repo, model, "tiny-vision.Q8_0.gguf")
+        fake.add_file(repo, projector, "mmproj-tiny-vision-f16.gguf")
+        env = {"HF_ENDPOINT": fake.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        pulled = subprocess.run([sys.executable, "-m", "kronk_wsgi.cli", "pull", repo], capture_output=True,
+                                text=True, timeout=120, env={**os.environ, **env})
+        assert pulled.returncode == 0, pulled.stderr
+        assert [line.rsplit("/", 1)[-1] for line in pulled.stdout.split()] == [
+            "tiny-vision.Q8_0.gguf", "mmproj-tiny-vision-f16.gguf"]  # the model named alone: the projector is none
+        models = {"seeing": {"repo_id": repo, "context_length": CONTEXT},
+                  "blind": {"repo_id": repo, "mmproj": "none", "context_length": CONTEXT}}
+        offline = {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9",
+                   "KRONK_MODELS": json.dumps(models), "KRONK_DEFAULT_MODEL": "seeing"}
+        with run_server(tmp_path, offline) as server:
+            listed = {m["id"]: m for m in requests.get(server.url + "/v1/models", timeout=30).json()["data"]}
+            assert listed["seeing"]["architecture"]["input_modalities"] == ["text", "image"]
+            image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(NOISE)}}]}]
+            seen = server.post("/v1/chat/completions", {"model": "seeing", "messages": image, "max_tokens": 2})
+            assert seen.status_code == 200 and seen.json()["usage"]["prompt_tokens"] > PROJECTOR.tokens
+            refused = server.post("/v1/chat/completions", {"model": "blind", "messages": image, "max_tokens": 2})
+            assert refused.status_code == 400 and "reads text only" in refused.json()["error"]["message"]

@@ -1,4 +1,5 @@
-"""A download from the hub into its cache, in a worker thread, seen from a stream as a few kinds of news.
+"""A download from the hub into its cache (a model file, and its repository's projector if it has one), in a
+worker thread, seen from a stream as a few kinds of news.
 
 The admin API and the Ollama API each write this news in their own frames.
 A download stops when its client leaves (what it fetched stays in the hub's
@@ -62,7 +63,7 @@ def pull(repo_id: str, filename: str, revision: Optional[str], keepalive: float,
 
     def download() -> None:
         try:
-            path = hub.pull(repo_id, filename, revision, progress=progress)
+            path, _ = hub.pull_with_projector(repo_id, filename, revision, progress=progress)
             channel.put(Pulled(str(path), path.stat().st_size))
         except hub.HubError as exc:
             channel.put(PullFailed(str(exc)))

@@ -12,8 +12,8 @@ from ...compaction import KEPT_ROLES, summary_message
 from ...media import MediaInput, data_url, from_store, inputs, joined, stored
 from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse
 from ...schemas import (
-    CustomToolSpec, FunctionName, MediaPart, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort, SchemaName,
-    ServiceTier, Strict, User, json_object, left_out, refuse_given, template_role, template_tool,
+    CustomToolSpec, FunctionName, MediaPart, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort,
+    SchemaName, ServiceTier, Strict, User, json_object, left_out, refuse_given, template_role, template_tool,
     template_tool_call, template_variables,
 )
 

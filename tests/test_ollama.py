@@ -201,7 +201,7 @@ def test_unknown_models_images_and_ollamas_own_formats_are_clear_errors(served):
     assert caught.value.status_code == 404 and "llama3.2" in caught.value.error
     with pytest.raises(ollama.ResponseError) as caught:
         served.client.chat("smol", messages=[{**ASK[0], "images": ["aGVsbG8="]}])
-    assert caught.value.status_code == 400 and "vision" in caught.value.error
+    assert caught.value.status_code == 400 and "reads text only" in caught.value.error
     created = requests.post(served.url + "/api/create", json={"model": "x", "from": "smol"})
     assert created.status_code == 400 and "/api/create" in created.json()["error"]
     unknown = requests.get(served.url + "/api/nothing")

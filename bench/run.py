@@ -14,6 +14,7 @@
     python bench/run.py --balancers [--tokens 400] [--rounds 7]
     python bench/run.py --speculative [--tokens 400] [--rounds 3] [--llama-server PATH]
     python bench/run.py --grpc [--tokens 200] [--rounds 5] [--worker-url grpc://HOST:PORT ...]
+    python bench/run.py --vision [--rounds 7] [--llama-server PATH]
 
 Everything is measured side by side in one run on the same model, because these
 machines are noisy: read the ratios. The default is the generated ~55 MB
@@ -71,6 +72,7 @@ from kronk_wsgi.testing.storm import storm  # noqa: E402
 from grpc_worker import grpc_side_by_side, streams_at_once  # noqa: E402
 from runners import runners_side_by_side  # noqa: E402
 from stalls import joining_prompt, stall_probes  # noqa: E402
+from vision import vision_side_by_side  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog while the model server streams tokens. " * 4
 
@@ -841,6 +843,7 @@ def main() -> None:
     parser.add_argument("--speculative", action="store_true", help="speculative decoding against llama-server's")
     parser.add_argument("--grpc", action="store_true", help="gRPC workers behind SMG, beside the HTTP server")
     parser.add_argument("--runner", action="store_true", help="a runner process against inline and llama-server")
+    parser.add_argument("--vision", action="store_true", help="an image's first token against llama-server's")
     parser.add_argument("--worker-url", action="append", help="gRPC workers of the model to measure (--grpc): "
                         "two, serving SmolLM2 as 'bench'; default: two kronk-wsgi grpc workers")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with (--engines, --conversations, "
@@ -855,6 +858,7 @@ def main() -> None:
         "speculative": lambda: speculative_side_by_side(args.tokens, args.llama_server, args.rounds),
         "grpc": lambda: grpc_side_by_side(args.tokens, args.rounds, one_stream, chat_turn, args.worker_url),
         "runner": lambda: runners_side_by_side(args.tokens, args.rounds, args.llama_server, one_stream, chat_turn),
+        "vision": lambda: vision_side_by_side(args.rounds, args.llama_server, ROOT / "bench" / "results"),
     }
     for name, run in chosen.items():
         if getattr(args, name):

@@ -60,18 +60,23 @@ def projector_file(spec: ModelSpec, progress: Progress = lambda done, total: Non
         raise EngineError(str(exc)) from None
 
 
+def local_projector(spec: ModelSpec) -> Optional[Path]:
+    """The model's projector file if it is on this machine already (nothing is downloaded); None if not."""
+    if not spec.takes_projector:
+        return None
+    if spec.repo_id is not None:
+        from . import hub
+
+        return hub.cached_projector(spec.repo_id, spec.mmproj)
+    return Path(spec.mmproj).expanduser()
+
+
 def input_modalities(spec: Optional[ModelSpec], engine: Optional[Engine]) -> list[str]:
     """What a model's prompts may hold: text, and what its loaded projector reads ("image", "audio"); a model not
     loaded with a projector to load is taken to read images (what it reads besides is known once it loads)."""
     if engine is not None:
         return ["text", *sorted(engine.modalities)]
-    if spec is None or not spec.takes_projector:
-        return ["text"]
-    if spec.repo_id is not None:
-        from . import hub
-
-        return ["text", "image"] if hub.cached_projector(spec.repo_id, spec.mmproj) is not None else ["text"]
-    return ["text", "image"]
+    return ["text", "image"] if spec is not None and local_projector(spec) is not None else ["text"]
 
 
 def local_file(spec: ModelSpec) -> Optional[Path]:

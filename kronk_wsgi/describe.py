@@ -42,10 +42,11 @@ def kv_cache_bytes(model, context: int) -> int:
     return cells * (key + value) * 2
 
 
-def footprint(path: Path, context_length: Optional[int], slots: int, draft: Optional[Path] = None) -> int:
+def footprint(path: Path, context_length: Optional[int], slots: int, draft: Optional[Path] = None,
+              projector: Optional[Path] = None) -> int:
     """The memory a model takes loaded, estimated: its file, and each slot's KV cache at the context served; with
-    its ``draft`` model's (speculative decoding) too, where that is on disk."""
-    size = path.stat().st_size
+    its ``draft`` model's (speculative decoding) and its ``projector`` file too, where they are on disk."""
+    size = path.stat().st_size + (projector.stat().st_size if projector is not None and projector.is_file() else 0)
     if not is_gguf(path):
         return size
     model = read_gguf(path)

@@ -24,7 +24,7 @@ import structlog
 from gevent.threadpool import ThreadPool
 
 from .. import hub
-from ..catalog import Progress, check_engine_options, load_engine, local_file, model_file
+from ..catalog import Progress, check_engine_options, load_engine, local_file, local_projector, model_file
 from ..config import ConfigError, ModelSampling, ModelSpec, Settings
 from ..describe import footprint
 from ..engine.base import DraftSlot, Engine, EngineError, Slot
@@ -505,7 +505,7 @@ class ModelPool:
         path = local_file(spec)
         if path is None or not path.is_file():
             return 0
-        return footprint(path, spec.context_length, self.settings.parallel, spec.draft_model)
+        return footprint(path, spec.context_length, self.settings.parallel, spec.draft_model, local_projector(spec))
 
     def _wait_for_room(self, model_id: str, memory: int, deadline: float, client_gone: Callable[[], bool]) -> None:
         """Make room for the model, waiting until ``deadline`` for the models that must go to end their requests

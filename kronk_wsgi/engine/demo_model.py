@@ -4,8 +4,9 @@ and a vision projector for the llama one.
 No hub is reachable offline, so kronk_wsgi makes its own models: the text they
 write is gibberish, but loading, tokenizing, prefill, sampling and detokenizing
 all run for real; with the projector, so do an image's decoding, its encoding by
-llama.cpp's multimodal library and its embeddings' prefill. ``ensure_demo_model`` caches the file under the user's cache
-directory; the same size and seed always give the same bytes.
+llama.cpp's multimodal library and its embeddings' prefill. ``ensure_demo_model``
+caches the file under the user's cache directory; the same size and seed always
+give the same bytes.
 """
 
 import dataclasses

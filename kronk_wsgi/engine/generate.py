@@ -233,8 +233,8 @@ class _DraftAndCheck:
     """Speculation's step: after a token, a draft of those to follow goes into the same engine call, and the next
     picks are made on its rows of logits, each kept while it is the drafted token; at the first that differs, the
     rest of the draft leaves the cache. The slot's draft model drafts, if it has one, following the prompt (unless
-    the prompt holds an image, which it cannot read); else n-gram lookup in it. A draft model's slot holds no other cache scope's text (what it reuses would show in how
-    fast a reply comes)."""
+    the prompt holds an image, which it cannot read); else n-gram lookup in it. A draft model's slot holds no other
+    cache scope's text (what it reuses would show in how fast a reply comes)."""
 
     def __init__(self, generation: "Generation", speculation: Speculation) -> None:
         self._generation = generation

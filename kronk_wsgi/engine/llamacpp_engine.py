@@ -56,7 +56,9 @@ CANCEL_POLL_SECONDS = 0.05  # how often a slot waiting for its prompt's call ask
 # How long a call waits for the slots of the last call to come back with their next tokens
 # (they detokenize and check stops in between): long enough for that, short against a decode step.
 GATHER_SECONDS = 0.01
-MEDIA_KEPT = 32  # images kept decoded beyond those a prompt holds, by their hash: a conversation sends them again
+# Images kept decoded beyond those a prompt holds, by their hash (a request tokenizes its prompt more than once; a
+# conversation sends them again): each holds the image as its projector reads it, up to tens of megabytes
+MEDIA_KEPT = 8
 
 
 def available() -> bool:
@@ -732,7 +734,11 @@ class LlamaCppEngine(Engine):
         self._identity = (f"{self._file_identity} llama-cpp-python {llama_cpp.__version__} n_ctx {self.context_length} "
                           f"type_k {params.type_k} type_v {params.type_v} swa_full {params.swa_full}")
         if self._mmproj is not None:
-            self._start_projector(threads)
+            try:
+                self._start_projector(threads)
+            except EngineError:
+                self.close()
+                raise
             self._identity += f" mmproj {_file_identity(self._mmproj)}"  # an image's state is the projector's
         return [LlamaCppSlot(self, seq) for seq in range(count)]
 

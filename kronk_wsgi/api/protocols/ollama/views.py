@@ -130,8 +130,8 @@ def _images(images: Optional[list[str]], param: str) -> list[MediaInput]:
 def chat():
     """The next message of a conversation, streamed as NDJSON unless ``stream`` is false."""
     body = parse_body(ChatBody, json_type=False)
-    media = inputs(MediaInput(data, f"messages[{index}].images[{place}]") for index, message in enumerate(body.messages)
-                   for place, data in enumerate(message.image_data()))
+    media = inputs(MediaInput(data, f"messages[{index}].images[{place}]")
+                   for index, message in enumerate(body.messages) for place, data in enumerate(message.image_data()))
     model_id = model_id_of(body.model)
     keep_alive = requested_keep_alive(body.keep_alive)
     if not body.messages:

@@ -271,3 +271,11 @@ def test_a_hub_repository_s_projector_comes_with_its_model(vision, tmp_path):
             assert seen.status_code == 200 and seen.json()["usage"]["prompt_tokens"] > PROJECTOR.tokens
             refused = server.post("/v1/chat/completions", {"model": "blind", "messages": image, "max_tokens": 2})
             assert refused.status_code == 400 and "reads text only" in refused.json()["error"]["message"]
+
+
+def test_tokenize_counts_an_image_as_its_tokens(server):
+    message = {"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                           {"type": "image_url", "image_url": {"url": data_url(NOISE)}}]}
+    counted = server.post("/v1/tokenize", {"model": "vision", "messages": [message]}).json()
+    chat = server.post("/v1/chat/completions", {"model": "vision", "messages": [message], "max_tokens": 1}).json()
+    assert counted["count"] == chat["usage"]["prompt_tokens"]

@@ -305,6 +305,12 @@ class ChatMessage(Strict):
         return message
 
 
+def chat_media(messages: Sequence[ChatMessage]) -> dict[str, MediaInput]:
+    """The images and sounds of chat messages (see GenerationRequest.media)."""
+    return inputs(MediaInput(part.data, f"messages[{i}].content[{j}]")
+                  for i, message in enumerate(messages) for j, part in message.media())
+
+
 class NamedFunction(Strict):
     name: FunctionName
 
@@ -543,8 +549,7 @@ class ChatCompletionRequest(SamplingFields):
             cache_breaks=tuple(index + 1 for index, message in enumerate(self.messages)
                                if isinstance(message.content, list)
                                and any(getattr(part, "prompt_cache_breakpoint", None) for part in message.content)),
-            media=inputs(MediaInput(part.data, f"messages[{i}].content[{j}]")
-                         for i, message in enumerate(self.messages) for j, part in message.media()),
+            media=chat_media(self.messages),
         )
 
     def _thinking(self) -> Optional[bool]:

@@ -8,9 +8,9 @@ from pydantic import Field
 
 from ...serving.pool import LoadedModel
 from ..body import parse_body
-from ..planning import known_ids, render_chat
+from ..planning import known_ids, render_chat, tokenize_prompt
 from ..protocol import Protocol
-from ..schemas import ChatMessage, ChatTool, Strict, template_tool
+from ..schemas import ChatMessage, ChatTool, Strict, chat_media, template_tool
 from ..sessions import use_model
 
 bp = Blueprint("tokens", __name__)
@@ -50,7 +50,9 @@ def tokenize():
             tools = [template_tool(t.function.name, t.function.description, t.function.parameters)
                      for t in body.tools or ()]
             prompt = render_chat(model, [m.for_template() for m in body.messages], tools)
-            tokens = model.tokenize(prompt.text, add_special=body.add_special, inert=prompt.inert)
+            media = chat_media(body.messages)
+            tokens = tokenize_prompt(model, prompt, media) if media else \
+                model.tokenize(prompt.text, add_special=body.add_special, inert=prompt.inert)
         return jsonify({"tokens": tokens, "count": len(tokens), "max_context_length": model.engine.context_length})
 
 

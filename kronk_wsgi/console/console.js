@@ -62,7 +62,10 @@ async function loadModels() {
     const list = (await response.json()).data;
     const select = $("model");
     const chosen = select.value;
-    select.replaceChildren(...list.map((m) => new Option(m.id, m.id)));
+    // A model with a projector says so: it takes images (through the APIs; the console sends text).
+    const reads = (m) => ((m.architecture || {}).input_modalities || []).filter((kind) => kind !== "text");
+    select.replaceChildren(...list.map((m) => new Option(
+      reads(m).length ? `${m.id} (takes ${reads(m).join(", ")})` : m.id, m.id)));
     if (list.some((m) => m.id === chosen)) select.value = chosen;
     $("status").textContent = "";
   } catch (e) {

@@ -286,6 +286,9 @@ class Settings(BaseModel):
     # The URL prefixes of the MCP servers a request may name (Responses' mcp tools, Anthropic's mcp_servers), each
     # scheme, host and port and a path from "/"; empty: a request may name only mcp_servers, by their names
     mcp_allow: list[Annotated[str, Field(pattern=r"^https?://[^/?#]+/")]] = Field(default_factory=list)
+    # The URL prefixes of the images a request may name by URL (fetched here, no redirect followed, within
+    # media.FETCH_SECONDS and MAX_MEDIA_BYTES), as mcp_allow's; empty: a request sends its images themselves
+    media_allow: list[Annotated[str, Field(pattern=r"^https?://[^/?#]+/")]] = Field(default_factory=list)
     bind: str = "127.0.0.1:8000"
 
     @pydantic.field_validator("models", mode="before")
@@ -311,7 +314,8 @@ class Settings(BaseModel):
                 return {**data, "default_model": next(iter(models))}
         return data
 
-    @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", "allowed_hosts", "mcp_allow", mode="before")
+    @pydantic.field_validator("api_keys", "admin_keys", "cors_origins", "allowed_hosts", "mcp_allow", "media_allow",
+                              mode="before")
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         """From the environment: comma-separated, or a JSON list."""

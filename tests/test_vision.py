@@ -7,10 +7,12 @@ every protocol through real gunicorn, bad input included.
 """
 
 import base64
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import anthropic
 import pytest
@@ -233,7 +235,7 @@ def test_bad_images_are_400s_naming_the_part(server, path, body, param):
 def test_an_anthropic_image_by_url_or_file_is_refused(server):
     claude = anthropic.Anthropic(base_url=server.url, api_key="unused")
     for source in ({"type": "url", "url": "https://example.com/cat.png"}, {"type": "file", "file_id": "file_1"}):
-        with pytest.raises(anthropic.BadRequestError, match="fetches no URLs|no Files API"):
+        with pytest.raises(anthropic.BadRequestError, match="fetches only the URLs its media_allow setting allows|no Files API"):
             claude.messages.create(model="vision", max_tokens=4, messages=[
                 {"role": "user", "content": [{"type": "image", "source": source}]}])
 
@@ -279,3 +281,54 @@ def test_tokenize_counts_an_image_as_its_tokens(server):
     counted = server.post("/v1/tokenize", {"model": "vision", "messages": [message]}).json()
     chat = server.post("/v1/chat/completions", {"model": "vision", "messages": [message], "max_tokens": 1}).json()
     assert counted["count"] == chat["usage"]["prompt_tokens"]
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    """A local web server: /noise.png, /away (a redirect to it), anything else 404."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/noise.png":
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(NOISE)))
+                self.end_headers()
+                self.wfile.write(NOISE)
+            elif self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", "/noise.png")
+                self.end_headers()
+            else:
+                self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{web.server_port}"
+    web.shutdown()
+
+
+def test_an_image_by_url_only_from_where_the_operator_allows(vision, pictures, tmp_path):
+    model, projector = vision
+    models = {"vision": {"path": str(model), "mmproj": str(projector), "context_length": CONTEXT}}
+    env = {"KRONK_MODELS": json.dumps(models), "KRONK_MEDIA_ALLOW": pictures + "/"}
+    with run_server(tmp_path, env) as allowing:
+        def ask(url):
+            return allowing.post("/v1/chat/completions", {"model": "vision", "max_tokens": 1, "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
+
+        fetched, sent = ask(pictures + "/noise.png"), ask(data_url(NOISE))
+        assert fetched.status_code == 200 and fetched.json()["usage"]["prompt_tokens"] == \
+            sent.json()["usage"]["prompt_tokens"]
+        assert sent.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+            sent.json()["usage"]["prompt_tokens"] - 1  # the same image, by its bytes: its state is reused
+        claude = anthropic.Anthropic(base_url=allowing.url, api_key="unused").messages.create(
+            model="vision", max_tokens=1, messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": pictures + "/noise.png"}}]}])
+        assert claude.usage.input_tokens + claude.usage.cache_read_input_tokens == sent.json()["usage"]["prompt_tokens"]
+        for url, why in ((pictures + "/away", "answered 302"), (pictures + "/gone.png", "answered 404"),
+                         ("http://127.0.0.2:9/noise.png", "media_allow")):
+            refused = ask(url)
+            assert refused.status_code == 400 and why in refused.json()["error"]["message"], refused.text
+        assert "Traceback" not in allowing.logs()

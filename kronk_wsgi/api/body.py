@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from ..serving import offload
 from .errors import ApiError, invalid
+from .media import fetch, fetching
 from .state import state
 
 M = TypeVar("M", bound=BaseModel)
@@ -146,15 +147,17 @@ def _check_strings(body: bytes, limit: int) -> None:
                        code="request_too_large")
 
 
-def _decode(schema: Type[M], body: bytes, max_values: int) -> M:
-    """Parse, bound and validate a body: CPU work, run in a worker thread, off the event loop."""
+def _decode(schema: Type[M], body: bytes, max_values: int, media_allow: list[str]) -> tuple[M, list]:
+    """Parse, bound and validate a body: CPU work, run in a worker thread, off the event loop. With it, the parts
+    naming a file at a URL to fetch (see media.fetch)."""
     _check_strings(body, max_values)
     data = _loads(body)
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
     _check_values(data, max_values)
     try:
-        return schema.model_validate(data)
+        with fetching(media_allow) as remote:
+            return schema.model_validate(data), remote
     except pydantic.ValidationError as exc:
         # The deepest error: for a union (str or list of parts) the branch that got furthest;
         # at equal depth, a broken constraint says more than a wrong type.
@@ -178,4 +181,7 @@ def parse_body(schema: Type[M], json_type: bool = True) -> M:
         raise invalid("the body must be JSON, sent with Content-Type: application/json")
     body = _read_body()
     kronk = state()
-    return offload.call(kronk.body_thread, _decode, schema, body, kronk.settings.max_body_values)
+    parsed, remote = offload.call(kronk.body_thread, _decode, schema, body, kronk.settings.max_body_values,
+                                  kronk.settings.media_allow)
+    fetch(remote)
+    return parsed

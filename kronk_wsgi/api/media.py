@@ -10,16 +10,22 @@ messages' images beside them (``stored``), so a later turn holds them too.
 
 import base64
 import binascii
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import os
 import re
-from typing import Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+
+import gevent
+import requests
 
 from .errors import invalid
 
 MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or sound, decoded (OpenAI's limit for an image)
 MAX_MEDIA = 32  # images and sounds in one request
+FETCH_SECONDS = 10.0  # the longest a URL the media_allow setting allows may take to give its file
 
 MARKER = re.compile(r"<__media_([0-9a-f]{32})__>")
 # Where a file of multimodal_data goes in a llama-server prompt_string (/props says it): llama.cpp's own marker,
@@ -87,12 +93,62 @@ def decode_base64(text: str) -> bytes:
     return data
 
 
+# While a body is validated (in its thread): the URL prefixes the media_allow setting allows, and the parts that
+# name such a URL, each with the URL, to be fetched once the body is valid.
+_FETCHING: contextvars.ContextVar[Optional[tuple[tuple[str, ...], list]]] = contextvars.ContextVar("fetching",
+                                                                                                   default=None)
+
+
+@contextlib.contextmanager
+def fetching(allowed: Sequence[str]) -> Iterator[list]:
+    """Validate a body in this block: the parts whose URLs ``allowed`` lets this server fetch are collected, as
+    (url, part), for ``fetch``."""
+    found: list = []
+    token = _FETCHING.set((tuple(allowed), found))
+    try:
+        yield found
+    finally:
+        _FETCHING.reset(token)
+
+
+def media_url(url: str, part: Any, kinds: tuple[str, ...] = ("image",)) -> bytes:
+    """The bytes of a base64 data URL of one of ``kinds`` (MIME types' first parts); for an http(s) URL under the
+    media_allow setting's prefixes, none yet (``part`` is fetched for, its ``_data`` set by ``fetch``); ValueError
+    for any other URL: no request makes this server reach an address the operator did not allow."""
+    if url.startswith(("http://", "https://")):
+        allowed, found = _FETCHING.get() or ((), [])
+        if any(url.startswith(prefix) for prefix in allowed):
+            found.append((url, part))
+            return b""
+    return data_url(url, kinds)
+
+
+def fetch(found: Sequence[tuple[str, Any]]) -> None:
+    """Fetch each (url, part)'s file into its part (on the event loop: gevent's sockets wait cooperatively), no
+    redirect followed, each within FETCH_SECONDS and MAX_MEDIA_BYTES; a 400 naming the URL if one cannot be."""
+    for url, part in found:
+        try:
+            with gevent.Timeout(FETCH_SECONDS, TimeoutError(f"no file within {FETCH_SECONDS:g} s")), \
+                    requests.get(url, stream=True, timeout=FETCH_SECONDS, allow_redirects=False) as reply:
+                if reply.status_code != 200:
+                    raise ValueError(f"it answered {reply.status_code}")
+                data = b""
+                for piece in reply.iter_content(1 << 16):
+                    data += piece
+                    if len(data) > MAX_MEDIA_BYTES:
+                        raise ValueError(f"its file is more than {MAX_MEDIA_BYTES} bytes")
+        except (requests.RequestException, ValueError, TimeoutError) as exc:
+            raise invalid(f"the file at {url[:200]} could not be fetched: {exc}") from None
+        if not data:
+            raise invalid(f"the file at {url[:200]} is empty")
+        part._data = data
+
+
 def data_url(url: str, kinds: tuple[str, ...] = ("image",)) -> bytes:
-    """The bytes of a base64 data URL of one of ``kinds`` (MIME types' first parts); ValueError for anything else:
-    a URL to fetch is not fetched here."""
+    """The bytes of a base64 data URL of one of ``kinds`` (MIME types' first parts); ValueError for anything else."""
     if not url.startswith("data:"):
-        raise ValueError("this server fetches no URLs: send the file itself, as a base64 data URL "
-                         "(data:image/png;base64,...)")
+        raise ValueError("this server fetches only the URLs its media_allow setting allows (none by default): send "
+                         "the file itself, as a base64 data URL (data:image/png;base64,...)")
     found = DATA_URL.fullmatch(url)
     if found is None:
         raise ValueError("a data URL here is base64: data:<type>;base64,<data>")

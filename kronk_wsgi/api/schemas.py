@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine.sampling import SamplingParams
 from ..serving.formats import custom_arguments
 from .errors import invalid
-from .media import MediaInput, data_url, decode_base64, inputs, joined
+from .media import MediaInput, decode_base64, inputs, joined, media_url
 from .planning import (
     JSON_OBJECT, MAX_CHOICES, MAX_PATTERN_LENGTH, Ending, GenerationRequest, ReplyFormat, ToolUse,
 )
@@ -57,7 +57,7 @@ class TextPart(Strict):
 
 
 class ImageUrl(Strict):
-    url: str  # a base64 data URL, or base64 alone (as llama-server takes it)
+    url: str  # a base64 data URL, or base64 alone (as llama-server takes it), or a URL media_allow allows
     detail: Optional[Literal["auto", "low", "high"]] = None  # the projector reads an image at its own resolution
 
 
@@ -78,7 +78,7 @@ class ImagePart(MediaPart):
     @pydantic.model_validator(mode="after")
     def _read(self) -> "ImagePart":
         url = self.image_url.url
-        self._data = data_url(url) if url.startswith("data:") or "://" in url else decode_base64(url)
+        self._data = media_url(url, self) if url.startswith("data:") or "://" in url else decode_base64(url)
         return self
 
 

@@ -11,7 +11,7 @@ from pydantic import Discriminator, Field, Tag
 from ....engine.sampling import SamplingParams
 from ...compaction import summary_message
 from ...planning import GenerationRequest, ReplyFormat, ToolUse
-from ...media import MediaInput, data_url, decode_base64, inputs, joined
+from ...media import MediaInput, decode_base64, inputs, joined, media_url
 from ...schemas import (FunctionName, MediaPart, Strict, left_out, template_tool, template_tool_call,
                         template_variables)
 
@@ -47,12 +47,7 @@ class ImageBase64Source(Strict):
 
 class ImageUrlSource(Strict):
     type: Literal["url"]
-    url: str
-
-    @pydantic.model_validator(mode="after")
-    def _refuse(self) -> "ImageUrlSource":
-        data_url(self.url)  # a data URL is read; any other is a 400: this server fetches nothing
-        return self
+    url: str  # a base64 data URL, or a URL the media_allow setting allows
 
 
 class FileSource(Strict):
@@ -72,7 +67,8 @@ class ImageBlock(MediaPart):
     @pydantic.model_validator(mode="after")
     def _read(self) -> "ImageBlock":
         source = self.source
-        self._data = decode_base64(source.data) if isinstance(source, ImageBase64Source) else data_url(source.url)
+        self._data = decode_base64(source.data) if isinstance(source, ImageBase64Source) \
+            else media_url(source.url, self)
         return self
 
 

@@ -9,7 +9,7 @@ from pydantic import Discriminator, Field, Tag
 from ....engine.sampling import SamplingParams
 from ....serving.formats import custom_arguments
 from ...compaction import KEPT_ROLES, summary_message
-from ...media import MediaInput, data_url, from_store, inputs, joined, stored
+from ...media import MediaInput, from_store, inputs, joined, media_url, stored
 from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse
 from ...schemas import (
     CustomToolSpec, FunctionName, MediaPart, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort,
@@ -26,7 +26,7 @@ class InputText(Strict):
 
 class InputImage(MediaPart):
     type: Literal["input_image"]
-    image_url: Optional[str] = None  # a base64 data URL
+    image_url: Optional[str] = None  # a base64 data URL, or a URL the media_allow setting allows
     file_id: Optional[str] = None
     detail: Optional[Literal["low", "high", "auto", "original"]] = None  # the projector reads it at its own size
 
@@ -36,7 +36,7 @@ class InputImage(MediaPart):
             raise ValueError("there is no Files API here: send the image itself, as image_url (a base64 data URL)")
         if self.image_url is None:
             raise ValueError("input_image needs image_url")
-        self._data = data_url(self.image_url)
+        self._data = media_url(self.image_url, self)
         return self
 
 

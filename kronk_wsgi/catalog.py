@@ -45,15 +45,15 @@ def projector_file(spec: ModelSpec, progress: Progress = lambda done, total: Non
     if not spec.takes_projector:
         return None
     if spec.repo_id is None:
-        path = Path(spec.mmproj).expanduser()
+        path = local_projector(spec)
         if not path.is_file():
             raise EngineError(f"mmproj file not found: {path}")
         return path
-    from . import hub
-
-    cached = None if spec.revision else hub.cached_projector(spec.repo_id, spec.mmproj)
+    cached = None if spec.revision else local_projector(spec)
     if cached is not None:
         return cached
+    from . import hub
+
     try:
         return hub.pull_projector(spec.repo_id, spec.mmproj, spec.revision, progress=progress)
     except hub.HubError as exc:

@@ -154,16 +154,20 @@ class ModelSpec(BaseModel):
             raise ValueError("give filename or quant, not both")
         if self.runner == "process" and self.engine == "grpc":
             raise ValueError('runner "process" runs a local engine: a model on gRPC workers has none')
-        if self.mmproj not in (None, "none") and (self.engine in ("ctransformers", "grpc") or self.runner == "process"):
+        if self.mmproj not in (None, "none") and not self._inline_llamacpp:
             raise ValueError("mmproj is read by the llama.cpp engine running inline (runner \"inline\"): images do not "
                              "reach a ctransformers model, gRPC workers or a runner process yet")
         return self
 
     @property
+    def _inline_llamacpp(self) -> bool:
+        """Whether the model may run on the llama.cpp engine in the worker itself (where a projector is read)."""
+        return self.engine not in ("ctransformers", "grpc") and self.runner == "inline"
+
+    @property
     def takes_projector(self) -> bool:
         """Whether the model loads a multimodal projector: one it names, or its repository's own."""
-        return (self.mmproj != "none" and self.engine not in ("ctransformers", "grpc") and self.runner == "inline"
-                and (self.mmproj is not None or self.repo_id is not None))
+        return self.mmproj != "none" and self._inline_llamacpp and (self.mmproj is not None or self.repo_id is not None)
 
 
 class McpServerSpec(BaseModel):

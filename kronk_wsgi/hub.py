@@ -110,6 +110,11 @@ def is_projector(filename: str) -> bool:
     return "mmproj" in Path(filename).name.lower()
 
 
+def _projector_order(filename: str) -> tuple[bool, str]:
+    """Which of a repository's projectors to take first: a 16-bit one, then by name."""
+    return not re.search(r"(?i)f16|bf16", filename), filename
+
+
 def _gguf_names(repo_id: str, revision: Optional[str]) -> list[str]:
     """The GGUF files of ``repo_id``: the hub's listing; offline, or when the hub cannot be reached, those of the
     repository in the cache."""
@@ -182,11 +187,10 @@ def pull_projector(repo_id: str, filename: Optional[str] = None, revision: Optio
     """Download the repository's multimodal projector (``filename``, or its only mmproj file; of several, the
     16-bit one) as ``pull`` does; None if it has none and none is named."""
     if filename is None:
-        projectors = sorted(n for n in _gguf_names(repo_id, revision) if is_projector(n))
+        projectors = [n for n in _gguf_names(repo_id, revision) if is_projector(n)]
         if not projectors:
             return None
-        wide = [n for n in projectors if re.search(r"(?i)f16|bf16", n)]
-        filename = (wide or projectors)[0]
+        filename = min(projectors, key=_projector_order)
     return pull(repo_id, filename, revision, progress)
 
 
@@ -262,7 +266,7 @@ def cached_path(repo_id: str, file_or_quant: Optional[str] = None) -> Optional[P
 def cached_projector(repo_id: str, filename: Optional[str] = None) -> Optional[Path]:
     """The cached projector of ``repo_id`` (``filename``, or its 16-bit one, or any), without asking the hub."""
     projectors = sorted((f for f in cached_files() if f.repo_id == repo_id and is_projector(f.filename)),
-                        key=lambda f: (f.filename != filename, not re.search(r"(?i)f16|bf16", f.filename), f.filename))
+                        key=lambda f: (f.filename != filename, *_projector_order(f.filename)))
     found = projectors[0] if projectors else None
     return found.path if found is not None and (filename is None or found.filename == filename) else None
 

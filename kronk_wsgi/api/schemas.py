@@ -117,9 +117,21 @@ class FilePart(Strict):
 UserPart = Annotated[Union[TextPart, ImagePart, AudioPart, FilePart], Field(discriminator="type")]
 
 
+def part_texts(parts: Sequence[Any]) -> list[Union[str, bytes]]:
+    """Content parts as ``media.joined`` takes them: each medium's bytes, each other part's text."""
+    return [part.data if isinstance(part, MediaPart) else part.text for part in parts]
+
+
+def media_parts(content: Union[str, Sequence[Any], None]) -> list[tuple[int, MediaPart]]:
+    """The parts of a message's content (a list of parts; a string has none) that carry an image or a sound,
+    with their places."""
+    return [(i, part) for i, part in enumerate(content) if isinstance(part, MediaPart)] \
+        if isinstance(content, list) else []
+
+
 def message_text(parts: Sequence[Union[TextPart, MediaPart]]) -> str:
     """A message's content parts as one text for its template (see media.joined)."""
-    return joined([part.data if isinstance(part, MediaPart) else part.text for part in parts])
+    return joined(part_texts(parts))
 
 
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -275,7 +287,7 @@ class ChatMessage(Strict):
 
     def media(self) -> list[tuple[int, MediaPart]]:
         """The content parts that carry an image or a sound, with their places."""
-        return [(i, part) for i, part in enumerate(self.content or ()) if isinstance(part, MediaPart)]
+        return media_parts(self.content)
 
     def text(self) -> str:
         if self.content is None:

@@ -12,8 +12,8 @@ from ....engine.sampling import SamplingParams
 from ...compaction import summary_message
 from ...planning import GenerationRequest, ReplyFormat, ToolUse
 from ...media import MediaInput, decode_base64, inputs, joined, media_url
-from ...schemas import (FunctionName, MediaPart, Strict, left_out, template_tool, template_tool_call,
-                        template_variables)
+from ...schemas import (FunctionName, MediaPart, Strict, left_out, media_parts, part_texts, template_tool,
+                        template_tool_call, template_variables)
 
 
 class CacheControl(Strict):
@@ -81,13 +81,8 @@ class ToolAnswer(Strict):
     cache_control: Optional[CacheControl] = None
 
     def text(self) -> str:
-        text = self.content if isinstance(self.content, str) else joined(
-            [b.data if isinstance(b, ImageBlock) else b.text for b in self.content])
+        text = self.content if isinstance(self.content, str) else joined(part_texts(self.content))
         return f"Error: {text}" if self.is_error else text
-
-    def media(self) -> list[tuple[int, ImageBlock]]:
-        return [(i, b) for i, b in enumerate(self.content) if isinstance(b, ImageBlock)] \
-            if isinstance(self.content, list) else []
 
 
 class ToolResultBlock(ToolAnswer):
@@ -244,7 +239,8 @@ class Message(Strict):
             if isinstance(block, ImageBlock):
                 found.append(MediaInput(block.data, where))
             elif isinstance(block, ToolAnswer):
-                found += [MediaInput(image.data, f"{where}.content[{inner}]") for inner, image in block.media()]
+                found += [MediaInput(image.data, f"{where}.content[{inner}]")
+                          for inner, image in media_parts(block.content)]
         return found
 
     def compacts(self) -> bool:

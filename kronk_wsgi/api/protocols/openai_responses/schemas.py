@@ -1,7 +1,7 @@
 """The Responses API's request body: input items, tools, tool choice, text format, and the GenerationRequest
 it asks for."""
 
-from typing import Annotated, Any, Literal, Optional, Sequence, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import pydantic
 from pydantic import Discriminator, Field, Tag
@@ -13,8 +13,8 @@ from ...media import MediaInput, from_store, inputs, joined, media_url, stored
 from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse
 from ...schemas import (
     CustomToolSpec, FunctionName, MediaPart, Metadata, PromptCacheBreakpoint, PromptCacheOptions, ReasoningEffort,
-    SchemaName, ServiceTier, Strict, User, json_object, left_out, refuse_given, template_role, template_tool,
-    template_tool_call, template_variables,
+    SchemaName, ServiceTier, Strict, User, json_object, left_out, media_parts, part_texts, refuse_given,
+    template_role, template_tool, template_tool_call, template_variables,
 )
 
 
@@ -57,10 +57,6 @@ class InputFile(Strict):
 InputPart = Annotated[Union[InputText, InputImage, InputFile], Field(discriminator="type")]
 
 
-def _parts(parts: Sequence[Union[InputText, "OutputText", InputImage]]) -> list[Union[str, bytes]]:
-    return [part.data if isinstance(part, InputImage) else part.text for part in parts]
-
-
 class OutputText(Strict):
     type: Literal["output_text"]
     text: str
@@ -79,7 +75,7 @@ class MessageItem(Strict):
 
     @pydantic.model_validator(mode="after")
     def _images_in_input(self) -> "MessageItem":
-        if self.role == "assistant" and _media(self.content):
+        if self.role == "assistant" and media_parts(self.content):
             raise ValueError("an assistant message carries no images")
         return self
 
@@ -87,7 +83,7 @@ class MessageItem(Strict):
         """The message for the chat template, its images kept beside it for the conversation store."""
         if isinstance(self.content, str):
             return {"role": template_role(self.role), "content": self.content}
-        parts = _parts(self.content)
+        parts = part_texts(self.content)
         return stored({"role": template_role(self.role), "content": joined(parts)}, parts)
 
 
@@ -95,15 +91,10 @@ Caller = Optional[dict[str, Any]]  # who made a call (the model, or a program): 
 ToolOutput = Union[str, list[InputPart]]  # a tool's result: text, or parts (its text and images)
 
 
-def _media(content: Union[str, list, None]) -> list[tuple[int, MediaPart]]:
-    return [(i, part) for i, part in enumerate(content) if isinstance(part, MediaPart)] \
-        if isinstance(content, list) else []
-
-
 def _tool_output_message(output: ToolOutput, call_id: str) -> dict:
     if isinstance(output, str):
         return {"role": "tool", "content": output, "tool_call_id": call_id}
-    parts = _parts(output)
+    parts = part_texts(output)
     return stored({"role": "tool", "content": joined(parts), "tool_call_id": call_id}, parts)
 
 
@@ -554,9 +545,11 @@ class ConversationBody(Strict):
         given = []
         for index, item in enumerate(self.input_items()):
             if isinstance(item, MessageItem):
-                given += [MediaInput(part.data, f"input[{index}].content[{j}]") for j, part in _media(item.content)]
+                given += [MediaInput(part.data, f"input[{index}].content[{j}]")
+                          for j, part in media_parts(item.content)]
             elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
-                given += [MediaInput(part.data, f"input[{index}].output[{j}]") for j, part in _media(item.output)]
+                given += [MediaInput(part.data, f"input[{index}].output[{j}]")
+                          for j, part in media_parts(item.output)]
         return inputs([*given, *from_store(conversation, "previous_response_id")])
 
 

@@ -165,18 +165,23 @@ class CompletionBody(Sampling):
     speculative_n_min: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(None, alias="speculative.n_min")
     speculative_p_min: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(None, alias="speculative.p_min")
 
+    # Read as the body is validated (in its thread: a multimodal prompt's files are base64 to decode)
+    _prompts: list[tuple[str, Mixed]] = pydantic.PrivateAttr(default_factory=list)
     _media: list[MediaInput] = pydantic.PrivateAttr(default_factory=list)
 
     @pydantic.model_validator(mode="after")
     def _checks(self) -> "CompletionBody":
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give json_schema or grammar, not both")
-        self.prompts()  # each a prompt: refused here, by name, if not
+        self._prompts = self._read_prompts()  # each a prompt: refused here, by name, if not
         return self
 
     def prompts(self) -> list[tuple[str, Mixed]]:
         """Each prompt, with where it is in the body: one, unless ``prompt`` is a list of prompts (of texts alone,
         or holding lists or objects). A multimodal prompt's text holds its media's markers (see api/media.py)."""
+        return self._prompts
+
+    def _read_prompts(self) -> list[tuple[str, Mixed]]:
         self._media = []
         if isinstance(self.prompt, str):
             return [("prompt", self.prompt)]

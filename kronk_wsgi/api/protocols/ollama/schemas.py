@@ -86,25 +86,34 @@ class ToolCallBody(Strict):
     type: Optional[Literal["function"]] = None
 
 
-class Message(Strict):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
-    thinking: Optional[str] = None
-    images: Optional[list[str]] = None
-    tool_calls: Optional[list[ToolCallBody]] = None
-    tool_name: Optional[str] = None
-    tool_call_id: Optional[str] = None
+class WithImages(Strict):
+    """A body or message with Ollama's ``images``: base64, decoded as the body is validated."""
 
-    _images: list[bytes] = pydantic.PrivateAttr(default_factory=list)  # decoded
+    images: Optional[list[str]] = None
+    _images: list[bytes] = pydantic.PrivateAttr(default_factory=list)
 
     @pydantic.model_validator(mode="after")
-    def _read_images(self) -> "Message":
-        self._images = [decode_base64(image) for image in self.images or ()]
+    def _read_images(self) -> "WithImages":
+        self._images = []
+        for index, image in enumerate(self.images or ()):
+            try:
+                self._images.append(decode_base64(image))
+            except ValueError as exc:
+                raise ValueError(f"images[{index}]: {exc}") from None
         return self
 
     def image_data(self) -> list[bytes]:
-        """The message's images, decoded."""
+        """The images, decoded."""
         return self._images
+
+
+class Message(WithImages):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    thinking: Optional[str] = None
+    tool_calls: Optional[list[ToolCallBody]] = None
+    tool_name: Optional[str] = None
+    tool_call_id: Optional[str] = None
 
     def for_template(self, index: int) -> dict:
         """The message for the chat template; its images before its text, as Ollama puts them."""
@@ -147,14 +156,13 @@ class ChatBody(Generating):
     tools: Optional[list[Tool]] = None
 
 
-class GenerateBody(Generating):
+class GenerateBody(Generating, WithImages):
     prompt: str = ""
     suffix: Optional[str] = None
     system: Optional[str] = None
     template: Optional[str] = None
     context: Optional[list[int]] = None
     raw: bool = False
-    images: Optional[list[str]] = None  # base64, before the prompt's text
     # Image generation, which this server does not do.
     width: Optional[int] = None
     height: Optional[int] = None

@@ -11,7 +11,7 @@ from ....engine.sampling import WHOLE_CONTEXT, SamplingParams
 from ....serving.reasoning import reasons
 from ...body import parse_body
 from ...errors import ApiError, invalid
-from ...media import MediaInput, decode_base64, inputs, joined
+from ...media import MediaInput, inputs, joined
 from ...planning import JSON_OBJECT, MODEL_SAMPLING, GenerationRequest, ReplyFormat, ToolUse, Window
 from ...ranking import document_text, rank
 from ...response import respond, run_to_end
@@ -115,17 +115,6 @@ def generation_request(body: Generating, model_id: str, **prompt: Any) -> Genera
     )
 
 
-def _images(images: Optional[list[str]], param: str) -> list[MediaInput]:
-    """Ollama's base64 images as given by ``param`` (a prompt's); 400 naming the first that is not base64."""
-    found = []
-    for index, image in enumerate(images or ()):
-        try:
-            found.append(MediaInput(decode_base64(image), f"{param}[{index}]"))
-        except ValueError as exc:
-            raise invalid(f"{param}[{index}]: {exc}", param=f"{param}[{index}]") from None
-    return found
-
-
 @bp.post("/api/chat")
 def chat():
     """The next message of a conversation, streamed as NDJSON unless ``stream`` is false."""
@@ -152,7 +141,7 @@ def chat():
 def generate():
     """A completion of ``prompt`` (in the chat template unless ``raw``; between it and ``suffix`` if given)."""
     body = parse_body(GenerateBody, json_type=False)
-    media = inputs(_images(body.images, "images"))
+    media = inputs(MediaInput(data, f"images[{place}]") for place, data in enumerate(body.image_data()))
     if media and body.suffix is not None:
         raise invalid("images go with a prompt, not with suffix (fill-in-the-middle)", param="images")
     prompt = joined([*(given.data for given in media.values()), body.prompt])  # images before the text, as Ollama
